@@ -1,0 +1,1 @@
+//! The serving core. Today: sampling. Next: request state, paged KV cache, scheduler.

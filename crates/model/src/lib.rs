@@ -1,0 +1,14 @@
+//! Model loading and execution for pagellm.
+//!
+//! Owns: file formats (`gguf`, `safetensors` directories), the typed [`ModelConfig`],
+//! tensors backed by memory maps (`tensor`), the tokenizer and chat template, the model
+//! registry (`registry`), and one file per architecture with `load()` and `forward()`.
+//! Leaves scheduling, sampling and HTTP to the crates above it.
+
+pub mod config;
+pub mod error;
+pub mod tensor;
+
+pub use config::{Arch, ModelConfig, RopeStyle};
+pub use error::ModelError;
+pub use tensor::{Storage, Tensor, TensorSet};

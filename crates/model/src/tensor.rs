@@ -1,0 +1,160 @@
+//! Tensors whose bytes live in a memory map (or, rarely, an owned buffer).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pagellm_kernels::quant::GgmlType;
+
+use crate::error::{ModelError, Result};
+
+/// Where a tensor's bytes live. Weights are memory-mapped so that loading a model
+/// costs page-table entries, not copies.
+pub enum Storage {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// A named tensor in GGML order: `shape[0]` is the contiguous (row) dimension, so a
+/// weight matrix of `shape = [cols, rows]` multiplies a `cols`-vector into a `rows`-vector.
+#[derive(Clone)]
+pub struct Tensor {
+    pub name: String,
+    pub ty: GgmlType,
+    pub shape: Vec<usize>,
+    storage: Arc<Storage>,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("name", &self.name)
+            .field("ty", &self.ty)
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
+impl Tensor {
+    /// Creates a view of `storage[offset..offset + len]`. Checks the byte range and that
+    /// `len` is exactly what `ty` and `shape` need.
+    pub fn new(
+        name: String,
+        ty: GgmlType,
+        shape: Vec<usize>,
+        storage: Arc<Storage>,
+        offset: usize,
+    ) -> Result<Self> {
+        let n_elems = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| ModelError::Other(format!("tensor `{name}`: shape {shape:?} overflows")))?;
+        let cols = shape.first().copied().unwrap_or(1);
+        let row_bytes = ty.row_bytes(cols).ok_or_else(|| {
+            ModelError::Other(format!(
+                "tensor `{name}`: row length {cols} is not a multiple of the {} block size {}",
+                ty.name(),
+                ty.block_elems()
+            ))
+        })?;
+        let len = if cols == 0 { 0 } else { row_bytes * (n_elems / cols) };
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > storage.bytes().len()) {
+            return Err(ModelError::Other(format!(
+                "tensor `{name}`: data [{offset}, +{len}) lies outside the {}-byte file",
+                storage.bytes().len()
+            )));
+        }
+        Ok(Self { name, ty, shape, storage, offset, len })
+    }
+
+    pub fn data(&self) -> &[u8] {
+        &self.storage.bytes()[self.offset..self.offset + self.len]
+    }
+
+    /// Contiguous row length (`shape[0]`).
+    pub fn cols(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1)
+    }
+
+    /// Number of rows (product of the other dimensions).
+    pub fn rows(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.cols()).expect("checked in Tensor::new")
+    }
+
+    /// Bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data()[r * rb..(r + 1) * rb]
+    }
+
+    /// Dequantizes the whole tensor to f32 (used for small tensors such as norms, and by
+    /// conversion; never for the big weight matrices on the hot path).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let cols = self.cols();
+        let mut out = vec![0f32; self.rows() * cols];
+        for (r, dst) in out.chunks_exact_mut(cols.max(1)).enumerate() {
+            pagellm_kernels::quant::dequantize_row(self.ty, self.row(r), dst);
+        }
+        out
+    }
+
+    /// Checks the shape against what the model expects.
+    pub fn expect_shape(&self, expected: &[usize]) -> Result<&Self> {
+        if self.shape != expected {
+            return Err(ModelError::BadShape {
+                name: self.name.clone(),
+                expected: expected.to_vec(),
+                found: self.shape.clone(),
+            });
+        }
+        Ok(self)
+    }
+}
+
+/// All tensors of a checkpoint, by GGUF name (`blk.0.attn_q.weight`, `token_embd.weight`).
+/// Hugging Face checkpoints are renamed to GGUF names when loaded.
+#[derive(Default, Clone)]
+pub struct TensorSet {
+    tensors: HashMap<String, Tensor>,
+}
+
+impl TensorSet {
+    pub fn insert(&mut self, t: Tensor) {
+        self.tensors.insert(t.name.clone(), t);
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Tensor> {
+        self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Tensor> {
+        self.tensors.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}
