@@ -6,7 +6,10 @@
 //! Leaves scheduling, sampling and HTTP to the crates above it.
 
 pub mod config;
+mod config_gguf;
 pub mod error;
+pub mod gguf;
+pub mod registry;
 pub mod tensor;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
