@@ -5,12 +5,14 @@
 //! registry (`registry`), and one file per architecture with `load()` and `forward()`.
 //! Leaves scheduling, sampling and HTTP to the crates above it.
 
+pub mod chat;
 pub mod config;
 mod config_gguf;
 pub mod error;
 pub mod gguf;
 pub mod registry;
 pub mod tensor;
+pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
