@@ -4,6 +4,10 @@
 //! quantized on the fly to [`BlockQ8`] (32 int8 values, one f32 scale, per-16 sums)
 //! and multiplied with integer dot products, scales applied per block.
 //! Layouts follow ggml's `ggml-common.h` / `ggml-quants.c`.
+//!
+//! Files: `blocks` (byte-exact weight block structs), `dequant` (reference
+//! dequantization), `q8` (activation quantization), `dot_scalar` (reference dot
+//! products), `dot_avx2` (their AVX2 twins). Dispatch happens here, in [`dot_kernel`].
 
 /// A tensor element type as numbered in GGUF (`ggml_type`).
 #[allow(non_camel_case_types)]
@@ -105,7 +109,8 @@ impl GgmlType {
 
     /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        (n % self.block_elems() == 0).then(|| n / self.block_elems() * self.block_bytes())
+        n.is_multiple_of(self.block_elems())
+            .then(|| n / self.block_elems() * self.block_bytes())
     }
 }
 
@@ -120,3 +125,65 @@ pub struct BlockQ8 {
     pub qs: [i8; 32],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ8>() == 40);
+
+pub mod blocks;
+mod dequant;
+mod dot_scalar;
+mod q8;
+
+#[cfg(target_arch = "x86_64")]
+mod dot_avx2;
+
+pub use dequant::dequantize_row;
+pub use q8::{quantize_row_q8, quantize_row_q8_ref};
+
+/// Dot products of ONE weight row (GGML bytes, any alignment) with `n_act` (1..=4)
+/// activation rows stored back to back in `acts`, each `cols / 32` blocks:
+/// `out[i] = dot(w_row, row i)` for `i < n_act`; `out[n_act..]` is left untouched.
+/// Register blocking over the activation rows lets prefill unpack each weight block
+/// once for four tokens. Activations must come from [`quantize_row_q8`]: the SIMD
+/// kernels rely on values in -127..=127 and the scalar ones on consistent `sums`.
+/// Panics on inconsistent lengths.
+pub type DotQ8Fn = fn(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]);
+
+/// As [`DotQ8Fn`] for float weights (F32/F16/BF16) against f32 activations: `acts`
+/// holds `n_act` rows of `cols` floats.
+pub type DotF32Fn = fn(w_row: &[u8], acts: &[f32], n_act: usize, out: &mut [f32; 4]);
+
+/// A dot-product kernel and the activation format it consumes.
+#[derive(Debug, Clone, Copy)]
+pub enum DotKernel {
+    /// Quantized weights; activations quantized with [`quantize_row_q8`].
+    Q8(DotQ8Fn),
+    /// Float weights; f32 activations.
+    F32(DotF32Fn),
+}
+
+/// The fastest kernel for `ty` on this CPU (`PAGELLM_SIMD=scalar` forces the scalar
+/// one). A row's result does not depend on `n_act` or on the other rows.
+pub fn dot_kernel(ty: GgmlType) -> DotKernel {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
+        // SAFETY: `simd_level` reports Avx2 only when AVX2, FMA and F16C were detected.
+        return unsafe { dot_avx2::kernel(ty) };
+    }
+    dot_kernel_ref(ty)
+}
+
+/// The portable reference kernel for `ty`, which the SIMD kernels are tested against.
+pub fn dot_kernel_ref(ty: GgmlType) -> DotKernel {
+    use dot_scalar::*;
+    match ty {
+        GgmlType::F32 => DotKernel::F32(dot_f32),
+        GgmlType::F16 => DotKernel::F32(dot_f16),
+        GgmlType::BF16 => DotKernel::F32(dot_bf16),
+        GgmlType::Q4_0 => DotKernel::Q8(dot_q4_0),
+        GgmlType::Q4_1 => DotKernel::Q8(dot_q4_1),
+        GgmlType::Q5_0 => DotKernel::Q8(dot_q5_0),
+        GgmlType::Q5_1 => DotKernel::Q8(dot_q5_1),
+        GgmlType::Q8_0 => DotKernel::Q8(dot_q8_0),
+        GgmlType::Q4_K => DotKernel::Q8(dot_q4_k),
+        GgmlType::Q5_K => DotKernel::Q8(dot_q5_k),
+        GgmlType::Q6_K => DotKernel::Q8(dot_q6_k),
+    }
+}

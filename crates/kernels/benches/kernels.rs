@@ -1,0 +1,122 @@
+//! Kernel micro-benchmarks: quantized dot products (one weight row against one or
+//! four activation rows) at the row lengths of the test models, and Q8 activation
+//! quantization. Throughput is in bytes of weights (of f32 input for the
+//! quantizer). Each iteration takes the next of 64 rows so the weights come from L1/L2
+//! like in a tiled matmul, not from one hot row.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pagellm_kernels::quant::{
+    dot_kernel, dot_kernel_ref, quantize_row_q8, quantize_row_q8_ref, BlockQ8, DotKernel, GgmlType,
+};
+use rand::{Rng, SeedableRng};
+
+const ROWS: usize = 64;
+
+/// Random weight rows of `ty`: random bytes with small finite f16 scales.
+fn weights(ty: GgmlType, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
+    let rb = ty.row_bytes(cols).expect("whole blocks");
+    let mut w: Vec<u8> = (0..rb * ROWS).map(|_| rng.gen()).collect();
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => unreachable!("quantized types only"),
+    };
+    for blk in w.chunks_exact_mut(ty.block_bytes()) {
+        for &f in fields {
+            let v = half::f16::from_f32(rng.gen_range(-0.05..0.05));
+            blk[f..f + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    w
+}
+
+/// Row lengths: SmolLM2-135M's 576 and 1536; K-quant rows need whole 256-element
+/// super-blocks, so they use 1536 and Qwen2.5-0.5B's ffn_down length 4864 instead.
+fn bench_cols(ty: GgmlType) -> [usize; 2] {
+    if ty.block_elems() == 256 {
+        [1536, 4864]
+    } else {
+        [576, 1536]
+    }
+}
+
+fn activations(cols: usize, n: usize, rng: &mut impl Rng) -> Vec<BlockQ8> {
+    let x: Vec<f32> = (0..cols * n).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let mut q = vec![BlockQ8::default(); x.len() / 32];
+    quantize_row_q8_ref(&x, &mut q);
+    q
+}
+
+fn bench_dot(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let types = [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    for (kind, pick) in [
+        ("dot", dot_kernel as fn(GgmlType) -> DotKernel),
+        ("dot_ref", dot_kernel_ref),
+    ] {
+        let mut g = c.benchmark_group(kind);
+        for ty in types {
+            // The scalar twins are for comparison only; keep their run short.
+            if kind == "dot_ref" && !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+                continue;
+            }
+            let DotKernel::Q8(f) = pick(ty) else {
+                unreachable!()
+            };
+            for cols in bench_cols(ty) {
+                let w = weights(ty, cols, &mut rng);
+                let rb = ty.row_bytes(cols).unwrap();
+                for n_act in [1, 4] {
+                    let acts = activations(cols, n_act, &mut rng);
+                    g.throughput(Throughput::Bytes(rb as u64));
+                    g.bench_with_input(
+                        BenchmarkId::new(format!("{}/n{n_act}", ty.name()), cols),
+                        &cols,
+                        |b, _| {
+                            let mut r = 0;
+                            let mut out = [0f32; 4];
+                            b.iter(|| {
+                                r = (r + 1) % ROWS;
+                                f(
+                                    black_box(&w[r * rb..(r + 1) * rb]),
+                                    black_box(&acts),
+                                    n_act,
+                                    &mut out,
+                                );
+                                black_box(out)
+                            })
+                        },
+                    );
+                }
+            }
+        }
+        g.finish();
+    }
+}
+
+fn bench_quantize(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut g = c.benchmark_group("quantize_row_q8");
+    for cols in [576, 1536] {
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let mut q = vec![BlockQ8::default(); cols / 32];
+        g.throughput(Throughput::Bytes(4 * cols as u64));
+        g.bench_with_input(BenchmarkId::new("fast", cols), &cols, |b, _| {
+            b.iter(|| quantize_row_q8(black_box(&x), black_box(&mut q)))
+        });
+        g.bench_with_input(BenchmarkId::new("ref", cols), &cols, |b, _| {
+            b.iter(|| quantize_row_q8_ref(black_box(&x), black_box(&mut q)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_dot, bench_quantize);
+criterion_main!(benches);

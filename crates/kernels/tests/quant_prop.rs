@@ -1,0 +1,611 @@
+//! Properties of the GGML quant formats: SIMD dot products against their scalar twins,
+//! scalar Q8 dot products against the dequantized f32 dot product, Q8 activation
+//! quantization (SIMD vs scalar, exact sums), and hand-built blocks whose values are
+//! computed from the format description (packing transcribed from ggml's
+//! `quantize_row_*_ref`), independently of the decoder under test.
+
+use half::{bf16, f16};
+use pagellm_kernels::quant::{
+    dequantize_row, dot_kernel, dot_kernel_ref, quantize_row_q8, quantize_row_q8_ref, BlockQ8,
+    DotKernel, GgmlType,
+};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+const ALL: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Byte offsets of the f16 scale fields inside one block (from ggml-common.h); every
+/// other byte of a quantized block is valid whatever its value.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => &[],
+    }
+}
+
+fn h(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_le_bytes()
+}
+
+/// One weight row plus `n_act` rows of f32 activations.
+#[derive(Debug, Clone)]
+struct Case {
+    ty: GgmlType,
+    cols: usize,
+    n_act: usize,
+    w: Vec<u8>,
+    x: Vec<f32>,
+}
+
+fn activation() -> impl Strategy<Value = f32> {
+    prop_oneof![6 => -4.0f32..4.0, 1 => Just(0.0f32), 1 => -1e-3f32..1e-3, 1 => -300.0f32..300.0]
+}
+
+fn scale() -> impl Strategy<Value = f32> {
+    prop_oneof![6 => -0.05f32..0.05, 1 => Just(0.0f32), 1 => -4.0f32..4.0]
+}
+
+/// Random rows of `ty`: random bytes with finite f16 scales for quantized types, random
+/// finite values for float types. Column counts cover tails for float types.
+fn case(ty: GgmlType) -> impl Strategy<Value = Case> {
+    let (unit, max_units) = match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => (1, 700),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => (256, 6),
+        _ => (32, 48),
+    };
+    (1usize..=max_units, 1usize..=4).prop_flat_map(move |(units, n_act)| {
+        let cols = units * unit;
+        let n_blocks = cols / ty.block_elems();
+        let n_scales = n_blocks * f16_fields(ty).len();
+        let bytes = ty.row_bytes(cols).unwrap();
+        (
+            vec(any::<u8>(), bytes),
+            vec(scale(), n_scales),
+            vec(-3.0f32..3.0, if ty.is_quantized() { 0 } else { cols }),
+            vec(activation(), n_act * cols),
+        )
+            .prop_map(move |(mut w, scales, floats, x)| {
+                let fields = f16_fields(ty);
+                for (k, s) in scales.iter().enumerate() {
+                    let off = (k / fields.len()) * ty.block_bytes() + fields[k % fields.len()];
+                    w[off..off + 2].copy_from_slice(&h(*s));
+                }
+                match ty {
+                    GgmlType::F32 => w = floats.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    GgmlType::F16 => w = floats.iter().flat_map(|v| h(*v)).collect(),
+                    GgmlType::BF16 => {
+                        w = floats
+                            .iter()
+                            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                            .collect()
+                    }
+                    _ => {}
+                }
+                Case {
+                    ty,
+                    cols,
+                    n_act,
+                    w,
+                    x,
+                }
+            })
+    })
+}
+
+fn any_case() -> impl Strategy<Value = Case> {
+    proptest::sample::select(ALL.to_vec()).prop_flat_map(case)
+}
+
+fn quantize(x: &[f32]) -> Vec<BlockQ8> {
+    let mut q = vec![BlockQ8::default(); x.len() / 32];
+    quantize_row_q8_ref(x, &mut q);
+    q
+}
+
+/// The activations a kernel actually sees: f32 for float weights, Q8 otherwise.
+fn seen_activations(c: &Case, q: &[BlockQ8]) -> Vec<f32> {
+    if c.ty.is_quantized() {
+        q.iter()
+            .flat_map(|b| b.qs.map(|v| b.d * v as f32))
+            .collect()
+    } else {
+        c.x.clone()
+    }
+}
+
+fn run(k: DotKernel, c: &Case, q: &[BlockQ8], n_act: usize, first_row: usize) -> [f32; 4] {
+    let mut out = [f32::NAN; 4];
+    match k {
+        DotKernel::Q8(f) => {
+            let nb = c.cols / 32;
+            f(
+                &c.w,
+                &q[first_row * nb..(first_row + n_act) * nb],
+                n_act,
+                &mut out,
+            )
+        }
+        DotKernel::F32(f) => f(
+            &c.w,
+            &c.x[first_row * c.cols..(first_row + n_act) * c.cols],
+            n_act,
+            &mut out,
+        ),
+    }
+    out
+}
+
+/// Exact-ish f64 dot product and the magnitude sum that bounds rounding errors.
+fn f64_dot(w: &[f32], a: &[f32]) -> (f64, f64) {
+    w.iter().zip(a).fold((0.0, 0.0), |(s, m), (&w, &a)| {
+        (s + w as f64 * a as f64, m + (w as f64 * a as f64).abs())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+
+    /// (1) The dispatched kernel equals the scalar twin up to float summation order,
+    /// for every n_act, and a row's result is bit-identical whatever n_act is.
+    #[test]
+    fn fast_kernel_matches_reference(c in any_case()) {
+        let q = if c.ty.is_quantized() { quantize(&c.x) } else { Vec::new() };
+        let mut wf = vec![0f32; c.cols];
+        dequantize_row(c.ty, &c.w, &mut wf);
+        let a = seen_activations(&c, &q);
+        let fast = run(dot_kernel(c.ty), &c, &q, c.n_act, 0);
+        let reference = run(dot_kernel_ref(c.ty), &c, &q, c.n_act, 0);
+        for r in 0..4 {
+            if r >= c.n_act {
+                prop_assert!(fast[r].is_nan() && reference[r].is_nan(), "out[{}] written", r);
+                continue;
+            }
+            let (_, mass) = f64_dot(&wf, &a[r * c.cols..(r + 1) * c.cols]);
+            let tol = 1e-4 * mass + 1e-5;
+            prop_assert!(
+                ((fast[r] - reference[r]) as f64).abs() <= tol,
+                "{} cols={} row {}: fast {} ref {} tol {}", c.ty.name(), c.cols, r, fast[r], reference[r], tol
+            );
+            let alone = run(dot_kernel(c.ty), &c, &q, 1, r);
+            prop_assert_eq!(alone[0].to_bits(), fast[r].to_bits(), "batch variance in row {}", r);
+            let alone = run(dot_kernel_ref(c.ty), &c, &q, 1, r);
+            prop_assert_eq!(alone[0].to_bits(), reference[r].to_bits(), "batch variance in ref row {}", r);
+        }
+    }
+
+    /// (2) The scalar reference computes the dot product of the dequantized weights with
+    /// the dequantized activations.
+    #[test]
+    fn reference_kernel_is_the_dequantized_dot(c in any_case()) {
+        let q = if c.ty.is_quantized() { quantize(&c.x) } else { Vec::new() };
+        let mut wf = vec![0f32; c.cols];
+        dequantize_row(c.ty, &c.w, &mut wf);
+        let a = seen_activations(&c, &q);
+        let got = run(dot_kernel_ref(c.ty), &c, &q, c.n_act, 0);
+        for (r, got) in got.iter().enumerate().take(c.n_act) {
+            let (want, mass) = f64_dot(&wf, &a[r * c.cols..(r + 1) * c.cols]);
+            let tol = 2e-5 * mass + 1e-6;
+            prop_assert!(
+                (*got as f64 - want).abs() <= tol,
+                "{} cols={} row {}: got {} want {} tol {}", c.ty.name(), c.cols, r, got, want, tol
+            );
+        }
+    }
+
+    /// (3) SIMD and scalar activation quantization agree bit for bit; the sums are
+    /// exact; every value is the nearest multiple of d (ties to even).
+    #[test]
+    fn q8_quantization(
+        x in prop_oneof![
+            vec(-4.0f32..4.0, 32..=32 * 20),
+            vec(prop_oneof![-1e4f32..1e4, Just(0.0), -1e-20f32..1e-20, (-254i32..=254).prop_map(|v| v as f32 * 0.5)], 32..=32 * 20),
+        ]
+    ) {
+        let n = x.len() / 32;
+        let x = &x[..32 * n];
+        let mut fast = vec![BlockQ8::default(); n];
+        let mut reference = vec![BlockQ8::default(); n];
+        quantize_row_q8(x, &mut fast);
+        quantize_row_q8_ref(x, &mut reference);
+        for (i, (f, r)) in fast.iter().zip(&reference).enumerate() {
+            prop_assert_eq!(f.d.to_bits(), r.d.to_bits(), "block {} d", i);
+            prop_assert_eq!(f.qs, r.qs, "block {} qs", i);
+            prop_assert_eq!(f.sums, r.sums, "block {} sums", i);
+            for h in 0..2 {
+                let s: i32 = r.qs[16 * h..16 * h + 16].iter().map(|&v| v as i32).sum();
+                prop_assert_eq!(s, r.sums[h] as i32);
+            }
+            let xb = &x[32 * i..32 * i + 32];
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if r.d == 0.0 {
+                prop_assert!(r.qs.iter().all(|&v| v == 0));
+                prop_assert!(amax < 1e-30);
+            } else {
+                prop_assert_eq!(r.d, amax / 127.0);
+                prop_assert_eq!(r.qs.iter().map(|v| v.unsigned_abs()).max(), Some(127));
+                for (&v, &q) in xb.iter().zip(&r.qs) {
+                    prop_assert!(q != -128);
+                    prop_assert!((v / r.d - q as f32).abs() <= 0.5 + 1e-4, "x {} d {} q {}", v, r.d, q);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Hand-built blocks. Values are chosen so that every product is exact in f32.
+
+fn deq(ty: GgmlType, w: &[u8], n: usize) -> Vec<f32> {
+    let mut y = vec![0f32; n];
+    dequantize_row(ty, w, &mut y);
+    y
+}
+
+#[test]
+fn q4_0_all_nines_is_all_ones() {
+    let mut b = h(1.0).to_vec();
+    b.extend([0x99u8; 16]);
+    assert_eq!(deq(GgmlType::Q4_0, &b, 32), vec![1.0; 32]);
+}
+
+#[test]
+fn q4_0_nibble_order() {
+    // Byte j holds element j (low nibble) and element j + 16 (high nibble).
+    let mut b = h(0.5).to_vec();
+    b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let y = deq(GgmlType::Q4_0, &b, 32);
+    for j in 0..16 {
+        assert_eq!(y[j], 0.5 * (j as f32 - 8.0));
+        assert_eq!(y[j + 16], 0.5 * ((15 - j) as f32 - 8.0));
+    }
+}
+
+#[test]
+fn q4_1_scale_and_min() {
+    let mut b = h(0.25).to_vec();
+    b.extend(h(-1.5));
+    b.extend((0..16u8).map(|j| j | (j << 4)));
+    let y = deq(GgmlType::Q4_1, &b, 32);
+    for j in 0..16 {
+        assert_eq!(y[j], 0.25 * j as f32 - 1.5);
+        assert_eq!(y[j + 16], 0.25 * j as f32 - 1.5);
+    }
+}
+
+/// Packs 32 five-bit values as ggml's quantize_row_q5_{0,1}_ref does.
+fn pack_q5(q: &[u8; 32]) -> ([u8; 4], [u8; 16]) {
+    let mut qh = 0u32;
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        qs[j] = (q[j] & 0xF) | ((q[j + 16] & 0xF) << 4);
+        qh |= ((q[j] as u32 & 0x10) >> 4) << j;
+        qh |= ((q[j + 16] as u32 & 0x10) >> 4) << (j + 16);
+    }
+    (qh.to_le_bytes(), qs)
+}
+
+#[test]
+fn q5_0_and_q5_1_known_values() {
+    let q: [u8; 32] = std::array::from_fn(|e| ((e * 7 + 3) % 32) as u8);
+    let (qh, qs) = pack_q5(&q);
+    let mut b0 = h(2.0).to_vec();
+    b0.extend(qh);
+    b0.extend(qs);
+    let y = deq(GgmlType::Q5_0, &b0, 32);
+    for e in 0..32 {
+        assert_eq!(y[e], 2.0 * (q[e] as f32 - 16.0), "element {e}");
+    }
+    let mut b1 = h(0.5).to_vec();
+    b1.extend(h(3.0));
+    b1.extend(qh);
+    b1.extend(qs);
+    let y = deq(GgmlType::Q5_1, &b1, 32);
+    for e in 0..32 {
+        assert_eq!(y[e], 0.5 * q[e] as f32 + 3.0, "element {e}");
+    }
+}
+
+#[test]
+fn q8_0_round_trip() {
+    let x: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.37).collect();
+    let mut row = Vec::new();
+    for xb in x.chunks(32) {
+        // ggml's quantize_row_q8_0_ref: d = amax / 127 stored as f16, q = round(x / d).
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = f16::from_f32(amax / 127.0).to_f32();
+        row.extend(h(d));
+        row.extend(xb.iter().map(|v| (v / d).round() as i8 as u8));
+    }
+    let y = deq(GgmlType::Q8_0, &row, 64);
+    for (a, b) in x.iter().zip(&y) {
+        assert!((a - b).abs() <= 0.5 * 11.7 / 127.0 + 1e-3, "{a} vs {b}");
+    }
+    // And exactly d * q.
+    for (e, v) in y.iter().enumerate() {
+        let blk = &row[34 * (e / 32)..];
+        let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+        assert_eq!(*v, d * (blk[2 + e % 32] as i8) as f32);
+    }
+}
+
+/// Packs 8 six-bit scales and mins as ggml's quantize_row_q4_K_ref does.
+fn pack_k4_scales(sc: [u8; 8], m: [u8; 8]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            s[j] = sc[j];
+            s[j + 4] = m[j];
+        } else {
+            s[j + 4] = (sc[j] & 0xF) | ((m[j] & 0xF) << 4);
+            s[j - 4] |= (sc[j] >> 4) << 6;
+            s[j] |= (m[j] >> 4) << 6;
+        }
+    }
+    s
+}
+
+const K_SC: [u8; 8] = [1, 17, 33, 63, 5, 40, 60, 2];
+const K_M: [u8; 8] = [0, 63, 9, 48, 31, 16, 1, 57];
+
+#[test]
+fn q4_k_known_values() {
+    let q: Vec<u8> = (0..256).map(|e| ((e * 5 + e / 32) % 16) as u8).collect();
+    let mut b = h(0.5).to_vec();
+    b.extend(h(0.25));
+    b.extend(pack_k4_scales(K_SC, K_M));
+    // quantize_row_q4_K_ref: for each 64 elements, q[l] = L[j + l] | (L[j + l + 32] << 4).
+    for j in (0..256).step_by(64) {
+        b.extend((0..32).map(|l| q[j + l] | (q[j + l + 32] << 4)));
+    }
+    assert_eq!(b.len(), 144);
+    let y = deq(GgmlType::Q4_K, &b, 256);
+    for e in 0..256 {
+        let s = e / 32;
+        assert_eq!(
+            y[e],
+            0.5 * K_SC[s] as f32 * q[e] as f32 - 0.25 * K_M[s] as f32,
+            "element {e}"
+        );
+    }
+}
+
+#[test]
+fn q5_k_known_values() {
+    let q: Vec<u8> = (0..256).map(|e| ((e * 11 + e / 64) % 32) as u8).collect();
+    let mut b = h(0.125).to_vec();
+    b.extend(h(2.0));
+    b.extend(pack_k4_scales(K_SC, K_M));
+    // quantize_row_q5_K_ref: fifth bits go to qh with masks m1 = 1, m2 = 2, shifted by
+    // 2 per 64 elements; low nibbles as in Q4_K.
+    let mut qh = [0u8; 32];
+    let mut ql = Vec::new();
+    let (mut m1, mut m2) = (1u8, 2u8);
+    for n in (0..256).step_by(64) {
+        for j in 0..32 {
+            let mut l1 = q[n + j];
+            if l1 > 15 {
+                l1 -= 16;
+                qh[j] |= m1;
+            }
+            let mut l2 = q[n + j + 32];
+            if l2 > 15 {
+                l2 -= 16;
+                qh[j] |= m2;
+            }
+            ql.push(l1 | (l2 << 4));
+        }
+        m1 <<= 2;
+        m2 <<= 2;
+    }
+    b.extend(qh);
+    b.extend(ql);
+    assert_eq!(b.len(), 176);
+    let y = deq(GgmlType::Q5_K, &b, 256);
+    for e in 0..256 {
+        let s = e / 32;
+        assert_eq!(
+            y[e],
+            0.125 * K_SC[s] as f32 * q[e] as f32 - 2.0 * K_M[s] as f32,
+            "element {e}"
+        );
+    }
+}
+
+#[test]
+fn q6_k_known_values() {
+    let q: Vec<u8> = (0..256).map(|e| ((e * 13 + e / 16) % 64) as u8).collect();
+    let scales: [i8; 16] = [
+        1, -2, 3, -4, 127, -128, 7, 0, 9, -10, 11, -12, 13, -14, 15, -16,
+    ];
+    // quantize_row_q6_K_ref packing, per 128 elements.
+    let mut ql = vec![0u8; 128];
+    let mut qh = vec![0u8; 64];
+    for (half, j) in (0..256).step_by(128).enumerate() {
+        for l in 0..32 {
+            let (q1, q2, q3, q4) = (q[j + l], q[j + l + 32], q[j + l + 64], q[j + l + 96]);
+            ql[64 * half + l] = (q1 & 0xF) | ((q3 & 0xF) << 4);
+            ql[64 * half + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
+            qh[32 * half + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+        }
+    }
+    let mut b = ql;
+    b.extend(qh);
+    b.extend(scales.map(|s| s as u8));
+    b.extend(h(0.5));
+    assert_eq!(b.len(), 210);
+    let y = deq(GgmlType::Q6_K, &b, 256);
+    for e in 0..256 {
+        assert_eq!(
+            y[e],
+            0.5 * scales[e / 16] as f32 * (q[e] as f32 - 32.0),
+            "element {e}"
+        );
+    }
+    // The dot with one-hot activations picks single elements, through both kernels.
+    for e in [0, 15, 16, 31, 40, 77, 100, 127, 128, 150, 200, 255] {
+        let mut x = vec![0f32; 256];
+        x[e] = 1.0;
+        let q8 = quantize(&x);
+        for k in [dot_kernel(GgmlType::Q6_K), dot_kernel_ref(GgmlType::Q6_K)] {
+            let DotKernel::Q8(f) = k else {
+                panic!("Q6_K must use Q8 activations")
+            };
+            let mut out = [0f32; 4];
+            f(&b, &q8, 1, &mut out);
+            assert!(
+                (out[0] - y[e]).abs() <= 1e-6 * y[e].abs(),
+                "element {e}: {} vs {}",
+                out[0],
+                y[e]
+            );
+        }
+    }
+}
+
+#[test]
+fn float_types_decode() {
+    let x = [1.0f32, -2.5, 3.25e-3, 65504.0, -0.0, 1e-7];
+    let f32b: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(deq(GgmlType::F32, &f32b, 6), x.to_vec());
+    let f16b: Vec<u8> = x.iter().flat_map(|v| h(*v)).collect();
+    let want: Vec<f32> = x.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+    assert_eq!(deq(GgmlType::F16, &f16b, 6), want);
+    // bf16 is the top half of the f32 bit pattern.
+    let bfb: Vec<u8> = x
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let want: Vec<f32> = x
+        .iter()
+        .map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000))
+        .collect();
+    assert_eq!(deq(GgmlType::BF16, &bfb, 6), want);
+}
+
+#[test]
+fn q8_ties_round_to_even_in_both_paths() {
+    // amax = 127 gives d = 1 and 1/d = 1, so k + 0.5 is an exact tie.
+    let mut x = vec![0f32; 32];
+    x[0] = 127.0;
+    for (i, v) in x.iter_mut().enumerate().skip(1) {
+        *v = (i as f32 - 16.0) + 0.5;
+    }
+    let mut a = [BlockQ8::default()];
+    let mut b = [BlockQ8::default()];
+    quantize_row_q8(&x, &mut a);
+    quantize_row_q8_ref(&x, &mut b);
+    assert_eq!(a[0].d, 1.0);
+    for (&q, &v) in a[0].qs.iter().zip(&x).skip(1) {
+        assert_eq!(q as f32, v.round_ties_even(), "x = {v}");
+    }
+    assert_eq!((a[0].qs, a[0].sums), (b[0].qs, b[0].sums));
+}
+
+#[test]
+fn q8_zero_and_tiny_blocks_quantize_to_zero() {
+    let mut x = vec![0f32; 64];
+    x[40] = 1e-39; // subnormal: 1 / (amax / 127) would overflow
+    for f in [
+        quantize_row_q8 as fn(&[f32], &mut [BlockQ8]),
+        quantize_row_q8_ref,
+    ] {
+        let mut q = [BlockQ8::default(); 2];
+        f(&x, &mut q);
+        for b in q {
+            assert_eq!((b.d, b.qs, b.sums), (0.0, [0; 32], [0, 0]));
+        }
+    }
+}
+
+#[test]
+fn dot_of_known_rows() {
+    // Q4_0 row of all 1.0 against x: the sum of the quantized x.
+    let mut row = Vec::new();
+    for _ in 0..4 {
+        row.extend(h(1.0));
+        row.extend([0x99u8; 16]);
+    }
+    let x: Vec<f32> = (0..128).map(|i| ((i * 37) % 50) as f32 - 20.0).collect();
+    let q = quantize(&x);
+    let want: f32 = q.iter().map(|b| b.d * (b.sums[0] + b.sums[1]) as f32).sum();
+    for k in [dot_kernel(GgmlType::Q4_0), dot_kernel_ref(GgmlType::Q4_0)] {
+        let DotKernel::Q8(f) = k else { panic!() };
+        let mut out = [0f32; 4];
+        f(&row, &q, 1, &mut out);
+        assert!(
+            (out[0] - want).abs() <= 1e-4 * want.abs(),
+            "{} vs {want}",
+            out[0]
+        );
+    }
+    // Q8_0 with extreme weights (-128 and 127) and activations +-127: no i16 saturation.
+    let mut row = h(1.0).to_vec();
+    row.extend((0..32).map(|i| if i % 2 == 0 { 0x80u8 } else { 0x7F }));
+    let x: Vec<f32> = (0..32)
+        .map(|i| if i % 4 < 2 { -1.0 } else { 1.0 })
+        .collect();
+    let q = quantize(&x);
+    let want: f32 = (0..32)
+        .map(|i| (if i % 2 == 0 { -128.0 } else { 127.0 }) * x[i] * q[0].d * 127.0)
+        .sum();
+    for k in [dot_kernel(GgmlType::Q8_0), dot_kernel_ref(GgmlType::Q8_0)] {
+        let DotKernel::Q8(f) = k else { panic!() };
+        let mut out = [0f32; 4];
+        f(&row, &q, 1, &mut out);
+        assert_eq!(out[0], want);
+    }
+}
+
+#[test]
+fn kernel_families() {
+    for ty in ALL {
+        let fast = matches!(dot_kernel(ty), DotKernel::Q8(_));
+        let reference = matches!(dot_kernel_ref(ty), DotKernel::Q8(_));
+        assert_eq!(fast, ty.is_quantized(), "{}", ty.name());
+        assert_eq!(reference, ty.is_quantized(), "{}", ty.name());
+    }
+}
+
+#[test]
+#[should_panic(expected = "does not match")]
+fn mismatched_row_length_panics() {
+    let DotKernel::Q8(f) = dot_kernel(GgmlType::Q4_1) else {
+        panic!()
+    };
+    let acts = vec![BlockQ8::default(); 2];
+    f(&[0u8; 20 * 3], &acts, 1, &mut [0.0; 4]);
+}
+
+#[test]
+#[should_panic(expected = "n_act")]
+fn too_many_rows_panics() {
+    let DotKernel::Q8(f) = dot_kernel(GgmlType::Q8_0) else {
+        panic!()
+    };
+    let acts = vec![BlockQ8::default(); 5];
+    f(&[0u8; 34], &acts, 5, &mut [0.0; 4]);
+}
+
+#[test]
+#[should_panic]
+fn k_quant_needs_whole_super_blocks() {
+    let DotKernel::Q8(f) = dot_kernel(GgmlType::Q4_K) else {
+        panic!()
+    };
+    let acts = vec![BlockQ8::default(); 4];
+    f(&[0u8; 144], &acts, 1, &mut [0.0; 4]);
+}
