@@ -10,4 +10,7 @@
 //! kernel family, chosen once at run time from the CPU's features (`cpu`).
 
 pub mod cpu;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
 pub mod quant;

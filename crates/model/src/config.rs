@@ -27,15 +27,7 @@ impl Arch {
     }
 }
 
-/// Which dimensions RoPE rotates together within a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Pairs `(2i, 2i+1)`: ggml's "normal" mode, used by GGUF llama checkpoints, whose
-    /// converter permutes the Q/K rows of the Hugging Face weights into this order.
-    Interleaved,
-    /// Pairs `(i, i + head_dim/2)` ("rotate_half"): Hugging Face checkpoints and GGUF qwen2.
-    Neox,
-}
+pub use pagellm_kernels::ops::rope::RopeStyle;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -65,20 +57,28 @@ impl ModelConfig {
         if self.n_layers == 0 || self.d_model == 0 || self.n_heads == 0 || self.vocab_size == 0 {
             return err(format!("zero-sized dimension in {self:?}"));
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return err(format!(
                 "n_heads ({}) must be a multiple of n_kv_heads ({})",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 512 {
-            return err(format!("head_dim {} must be even and at most 512", self.head_dim));
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 512 {
+            return err(format!(
+                "head_dim {} must be even and at most 512",
+                self.head_dim
+            ));
         }
         if self.d_model > 1 << 16 || self.d_ff > 1 << 18 || self.n_layers > 1024 {
             return err(format!("implausible dimensions in {self:?}"));
         }
-        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) || !(self.rope_theta > 0.0) {
-            return err(format!("bad rms_eps {} or rope_theta {}", self.rms_eps, self.rope_theta));
+        let eps_ok = self.rms_eps > 0.0 && self.rms_eps < 1.0;
+        let theta_ok = self.rope_theta.is_finite() && self.rope_theta > 0.0;
+        if !eps_ok || !theta_ok {
+            return err(format!(
+                "bad rms_eps {} or rope_theta {}",
+                self.rms_eps, self.rope_theta
+            ));
         }
         Ok(())
     }

@@ -10,10 +10,18 @@ pub mod config;
 mod config_gguf;
 pub mod error;
 pub mod gguf;
+pub mod hf;
+pub mod kv;
+pub mod llama;
+pub mod loader;
+pub mod qwen2;
 pub mod registry;
 pub mod tensor;
 pub mod tokenizer;
+pub mod transformer;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use tensor::{Storage, Tensor, TensorSet};
+pub use kv::SeqKvCache;
+pub use transformer::{Logits, Transformer, Workspace};

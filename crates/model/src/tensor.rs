@@ -58,7 +58,9 @@ impl Tensor {
         let n_elems = shape
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| ModelError::Other(format!("tensor `{name}`: shape {shape:?} overflows")))?;
+            .ok_or_else(|| {
+                ModelError::Other(format!("tensor `{name}`: shape {shape:?} overflows"))
+            })?;
         let cols = shape.first().copied().unwrap_or(1);
         let row_bytes = ty.row_bytes(cols).ok_or_else(|| {
             ModelError::Other(format!(
@@ -67,7 +69,7 @@ impl Tensor {
                 ty.block_elems()
             ))
         })?;
-        let len = if cols == 0 { 0 } else { row_bytes * (n_elems / cols) };
+        let len = n_elems.checked_div(cols).map_or(0, |rows| row_bytes * rows);
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > storage.bytes().len()) {
             return Err(ModelError::Other(format!(
@@ -75,7 +77,14 @@ impl Tensor {
                 storage.bytes().len()
             )));
         }
-        Ok(Self { name, ty, shape, storage, offset, len })
+        Ok(Self {
+            name,
+            ty,
+            shape,
+            storage,
+            offset,
+            len,
+        })
     }
 
     pub fn data(&self) -> &[u8] {
@@ -93,7 +102,9 @@ impl Tensor {
     }
 
     pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.cols()).expect("checked in Tensor::new")
+        self.ty
+            .row_bytes(self.cols())
+            .expect("checked in Tensor::new")
     }
 
     /// Bytes of row `r`.
@@ -139,7 +150,11 @@ impl TensorSet {
     }
 
     pub fn get(&self, name: &str) -> Result<&Tensor> {
-        self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })
     }
 
     pub fn contains(&self, name: &str) -> bool {

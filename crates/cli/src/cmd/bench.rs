@@ -1,0 +1,100 @@
+//! `pagellm bench`: the same two measurements as llama.cpp's `llama-bench` so the two
+//! can be compared line by line: pp (a prompt of N tokens in one pass) and tg (N
+//! tokens generated one at a time), each repeated and reported as mean ± stddev.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use pagellm_kernels::pool::ThreadPool;
+use pagellm_model::loader::load_model;
+use pagellm_model::{Logits, Workspace};
+
+use super::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens for the prompt-processing test (0 = skip).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    n_prompt: usize,
+    /// Tokens for the generation test (0 = skip).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
+    /// Print one JSON object per test instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let pool = ThreadPool::new(a.model.threads);
+    let m = load_model(&a.model.model)?;
+    let model = &m.transformer;
+    let vocab = model.config.vocab_size as u32;
+    // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
+    let tokens = |n: usize| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 7) % vocab)
+            .collect()
+    };
+    let mut ws = Workspace::default();
+    let mut results = Vec::new();
+    if a.n_prompt > 0 {
+        let prompt = tokens(a.n_prompt);
+        let mut runs = Vec::new();
+        for rep in 0..=a.repetitions {
+            let mut cache = model.new_cache(a.n_prompt);
+            let t = Instant::now();
+            for chunk in prompt.chunks(pagellm_engine::generate::PREFILL_CHUNK_TOKENS) {
+                model.forward(&pool, &mut ws, &mut cache, chunk, Logits::Last)?;
+            }
+            // The first run warms caches and page tables, as llama-bench's warm-up does.
+            if rep > 0 {
+                runs.push(a.n_prompt as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+        results.push((format!("pp{}", a.n_prompt), runs));
+    }
+    if a.n_gen > 0 {
+        let gen = tokens(a.n_gen);
+        let mut runs = Vec::new();
+        for rep in 0..=a.repetitions {
+            let mut cache = model.new_cache(a.n_gen);
+            let t = Instant::now();
+            for &tok in &gen {
+                model.forward(&pool, &mut ws, &mut cache, &[tok], Logits::Last)?;
+            }
+            if rep > 0 {
+                runs.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+        results.push((format!("tg{}", a.n_gen), runs));
+    }
+    let name = &m.source;
+    for (test, runs) in &results {
+        let mean = runs.iter().sum::<f64>() / runs.len() as f64;
+        let sd = (runs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / runs.len() as f64).sqrt();
+        let mut sorted = runs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"model": name, "threads": pool.n_threads(), "test": test,
+                    "tokens_per_s_mean": mean, "tokens_per_s_median": median, "tokens_per_s_stddev": sd, "runs": runs})
+            );
+        } else {
+            println!(
+                "{name} | threads {} | {test:>6} | {mean:8.2} ± {sd:6.2} tokens/s (median {median:.2})",
+                pool.n_threads()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Element-wise and small reduction kernels of a transformer layer: RMSNorm, RoPE,
+//! SiLU-gated products, exp, dot/axpy for attention, and causal attention itself.
+//!
+//! Each public function dispatches once on [`crate::cpu::simd_level`]; `scalar` holds
+//! the reference twins that the property tests compare against.
+
+pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod rope;
+pub mod scalar;
+
+use crate::cpu::{simd_level, SimdLevel};
+
+/// Dot product of two equal-length f32 slices.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: the CPU supports AVX2+FMA (checked by simd_level).
+        return unsafe { avx2::dot(a, b) };
+    }
+    scalar::dot(a, b)
+}
+
+/// Dot product of f32 values with f16 values.
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: the CPU supports AVX2+FMA+F16C (checked by simd_level).
+        return unsafe { avx2::dot_f16(a, b) };
+    }
+    scalar::dot_f16(a, b)
+}
+
+/// `y += alpha * x` for f16 `x`.
+#[inline]
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[half::f16]) {
+    assert_eq!(y.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: as in `dot_f16`.
+        return unsafe { avx2::axpy_f16(y, alpha, x) };
+    }
+    scalar::axpy_f16(y, alpha, x)
+}
+
+/// `y += alpha * x`.
+#[inline]
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: as in `dot`.
+        return unsafe { avx2::axpy(y, alpha, x) };
+    }
+    scalar::axpy(y, alpha, x)
+}
+
+/// `y *= alpha`.
+#[inline]
+pub fn scale(y: &mut [f32], alpha: f32) {
+    for v in y {
+        *v *= alpha;
+    }
+}
+
+/// In place `x[i] = exp(x[i] - max)`, returning the sum: the core of a softmax.
+#[inline]
+pub fn exp_sub_sum(x: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: as in `dot`.
+        return unsafe { avx2::exp_sub_sum(x, max) };
+    }
+    scalar::exp_sub_sum(x, max)
+}
+
+/// RMSNorm of each row of `x` (rows of `w.len()`), times the weight `w`, into `out`.
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    assert_eq!(x.len(), out.len());
+    for (xr, or) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        scalar::rmsnorm_row(xr, w, eps, or);
+    }
+}
+
+/// `out[i] = silu(gate[i]) * up[i]`, the SwiGLU activation.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && up.len() == out.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: as in `dot`.
+        return unsafe { avx2::silu_mul(gate, up, out) };
+    }
+    scalar::silu_mul(gate, up, out)
+}
+
+/// `x += y`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    assert_eq!(x.len(), y.len());
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Softmax in place (numerically stable).
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum = exp_sub_sum(x, max);
+    scale(x, 1.0 / sum);
+}
+
+#[cfg(test)]
+mod tests;
