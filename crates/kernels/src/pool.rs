@@ -17,9 +17,27 @@ use std::thread::JoinHandle;
 /// A job as workers see it: `f(thread_index, n_threads)`.
 type Job = dyn Fn(usize, usize) + Sync;
 
-/// Iterations a worker spins waiting for the next job before it parks. A few hundred
-/// microseconds: long enough to bridge the gaps between the operations of one token.
-const SPIN_ITERS: u32 = 200_000;
+/// Spin iterations before a waiting thread starts yielding its core: short, because
+/// with more runnable threads than cores a pure spinner steals time from the thread it
+/// waits for.
+const SPIN_ITERS: u32 = 2_000;
+/// Total time a worker stays awake (spinning, then yielding) after a job before it
+/// parks: long enough to bridge the gaps between the operations of one token.
+const AWAKE_FOR: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Waits until `done()` holds: spin, then yield, never sleep (the caller is mid-job).
+#[inline]
+fn wait_until(done: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !done() {
+        if spins < SPIN_ITERS {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 
 struct Shared {
     /// Bumped once per job; workers wait for it to change.
@@ -111,9 +129,7 @@ impl ThreadPool {
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0, self.n_threads)));
-        while s.pending.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
-        }
+        wait_until(|| s.pending.load(Ordering::Acquire) == 0);
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
@@ -146,6 +162,7 @@ fn worker_loop(s: &Shared, tid: usize, n_threads: usize) {
     let mut seen = 0usize;
     loop {
         let mut spins = 0u32;
+        let mut since: Option<std::time::Instant> = None;
         let epoch = loop {
             let e = s.epoch.load(Ordering::Acquire);
             if e != seen || s.shutdown.load(Ordering::Relaxed) {
@@ -154,20 +171,25 @@ fn worker_loop(s: &Shared, tid: usize, n_threads: usize) {
             spins += 1;
             if spins < SPIN_ITERS {
                 std::hint::spin_loop();
-            } else {
-                let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-                s.sleepers.fetch_add(1, Ordering::SeqCst);
-                let guard = if s.epoch.load(Ordering::SeqCst) == seen
-                    && !s.shutdown.load(Ordering::SeqCst)
-                {
+                continue;
+            }
+            let start = *since.get_or_insert_with(std::time::Instant::now);
+            if start.elapsed() < AWAKE_FOR {
+                std::thread::yield_now();
+                continue;
+            }
+            let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+            let guard =
+                if s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
                     s.wake.wait(guard).unwrap_or_else(|e| e.into_inner())
                 } else {
                     guard
                 };
-                s.sleepers.fetch_sub(1, Ordering::SeqCst);
-                drop(guard);
-                spins = 0;
-            }
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
+            spins = 0;
+            since = None;
         };
         if s.shutdown.load(Ordering::Relaxed) {
             return;
