@@ -1,12 +1,13 @@
 //! Kernel micro-benchmarks: quantized dot products (one weight row against one or
-//! four activation rows) at the row lengths of the test models, and Q8 activation
-//! quantization. Throughput is in bytes of weights (of f32 input for the
+//! four activation rows) at the row lengths of the test models, on each of llama.cpp's
+//! paths for the K-quants, and activation quantization. Throughput is in bytes of weights (of f32 input for the
 //! quantizer). Each iteration takes the next of 64 rows so the weights come from L1/L2
 //! like in a tiled matmul, not from one hot row.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pagellm_kernels::quant::{
-    dot_kernel, dot_kernel_ref, quantize_row_q8, quantize_row_q8_ref, BlockQ8, DotKernel, GgmlType,
+    dot_kernel_for, dot_kernel_ref_for, quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k,
+    quantize_row_q8k_ref, BlockQ8, BlockQ8K, DotKernel, GgmlType,
 };
 use rand::{Rng, SeedableRng};
 
@@ -41,11 +42,38 @@ fn bench_cols(ty: GgmlType) -> [usize; 2] {
     }
 }
 
-fn activations(cols: usize, n: usize, rng: &mut impl Rng) -> Vec<BlockQ8> {
+/// Quantized activation rows in the format kernel `k` consumes.
+enum Acts {
+    Q8(Vec<BlockQ8>),
+    Q8K(Vec<BlockQ8K>),
+}
+
+fn activations(k: DotKernel, cols: usize, n: usize, rng: &mut impl Rng) -> Acts {
     let x: Vec<f32> = (0..cols * n).map(|_| rng.gen_range(-2.0..2.0)).collect();
-    let mut q = vec![BlockQ8::default(); x.len() / 32];
-    quantize_row_q8_ref(&x, &mut q);
-    q
+    match k {
+        DotKernel::Q8(_) => {
+            let mut q = vec![BlockQ8::default(); x.len() / 32];
+            quantize_row_q8_ref(&x, &mut q);
+            Acts::Q8(q)
+        }
+        DotKernel::Q8K(_) => {
+            let mut q = vec![BlockQ8K::default(); x.len() / 256];
+            quantize_row_q8k_ref(&x, &mut q);
+            Acts::Q8K(q)
+        }
+        DotKernel::F32(_) => unreachable!("quantized types only"),
+    }
+}
+
+/// `(label, w_rows, n_rows)` selecting llama.cpp's paths: decoding (one row) and
+/// prefill (many rows), with a weight of a multiple of 8 rows; the K-quants also
+/// without (only Q4_K's path depends on it).
+fn paths(ty: GgmlType) -> &'static [(&'static str, usize, usize)] {
+    match ty {
+        GgmlType::Q4_K => &[("", 8, 1), ("/tiled", 7, 8)],
+        GgmlType::Q5_K | GgmlType::Q6_K => &[("", 8, 1), ("/tiled", 8, 8)],
+        _ => &[("", 8, 1)],
+    }
 }
 
 fn bench_dot(c: &mut Criterion) {
@@ -58,8 +86,11 @@ fn bench_dot(c: &mut Criterion) {
         GgmlType::Q6_K,
     ];
     for (kind, pick) in [
-        ("dot", dot_kernel as fn(GgmlType) -> DotKernel),
-        ("dot_ref", dot_kernel_ref),
+        (
+            "dot",
+            dot_kernel_for as fn(GgmlType, usize, usize) -> DotKernel,
+        ),
+        ("dot_ref", dot_kernel_ref_for),
     ] {
         let mut g = c.benchmark_group(kind);
         for ty in types {
@@ -67,33 +98,37 @@ fn bench_dot(c: &mut Criterion) {
             if kind == "dot_ref" && !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
                 continue;
             }
-            let DotKernel::Q8(f) = pick(ty) else {
-                unreachable!()
-            };
-            for cols in bench_cols(ty) {
-                let w = weights(ty, cols, &mut rng);
-                let rb = ty.row_bytes(cols).unwrap();
-                for n_act in [1, 4] {
-                    let acts = activations(cols, n_act, &mut rng);
-                    g.throughput(Throughput::Bytes(rb as u64));
-                    g.bench_with_input(
-                        BenchmarkId::new(format!("{}/n{n_act}", ty.name()), cols),
-                        &cols,
-                        |b, _| {
-                            let mut r = 0;
-                            let mut out = [0f32; 4];
-                            b.iter(|| {
-                                r = (r + 1) % ROWS;
-                                f(
-                                    black_box(&w[r * rb..(r + 1) * rb]),
-                                    black_box(&acts),
-                                    n_act,
-                                    &mut out,
-                                );
-                                black_box(out)
-                            })
-                        },
-                    );
+            for &(label, w_rows, n_rows) in paths(ty) {
+                let k = pick(ty, w_rows, n_rows);
+                for cols in bench_cols(ty) {
+                    let w = weights(ty, cols, &mut rng);
+                    let rb = ty.row_bytes(cols).unwrap();
+                    for n_act in [1, 4] {
+                        let acts = activations(k, cols, n_act, &mut rng);
+                        g.throughput(Throughput::Bytes(rb as u64));
+                        g.bench_with_input(
+                            BenchmarkId::new(format!("{}{label}/n{n_act}", ty.name()), cols),
+                            &cols,
+                            |b, _| {
+                                let mut r = 0;
+                                let mut out = [0f32; 4];
+                                b.iter(|| {
+                                    r = (r + 1) % ROWS;
+                                    let row = black_box(&w[r * rb..(r + 1) * rb]);
+                                    match (k, &acts) {
+                                        (DotKernel::Q8(f), Acts::Q8(a)) => {
+                                            f(row, black_box(a), n_act, &mut out)
+                                        }
+                                        (DotKernel::Q8K(f), Acts::Q8K(a)) => {
+                                            f(row, black_box(a), n_act, &mut out)
+                                        }
+                                        _ => unreachable!(),
+                                    }
+                                    black_box(out)
+                                })
+                            },
+                        );
+                    }
                 }
             }
         }
@@ -113,6 +148,19 @@ fn bench_quantize(c: &mut Criterion) {
         });
         g.bench_with_input(BenchmarkId::new("ref", cols), &cols, |b, _| {
             b.iter(|| quantize_row_q8_ref(black_box(&x), black_box(&mut q)))
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("quantize_row_q8k");
+    for cols in [1536, 4864] {
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let mut q = vec![BlockQ8K::default(); cols / 256];
+        g.throughput(Throughput::Bytes(4 * cols as u64));
+        g.bench_with_input(BenchmarkId::new("fast", cols), &cols, |b, _| {
+            b.iter(|| quantize_row_q8k(black_box(&x), black_box(&mut q)))
+        });
+        g.bench_with_input(BenchmarkId::new("ref", cols), &cols, |b, _| {
+            b.iter(|| quantize_row_q8k_ref(black_box(&x), black_box(&mut q)))
         });
     }
     g.finish();

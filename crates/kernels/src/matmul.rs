@@ -10,7 +10,9 @@
 //! the same order whatever its neighbours are.
 
 use crate::pool::{SyncPtr, ThreadPool};
-use crate::quant::{dot_kernel, quantize_row_q8, BlockQ8, DotKernel, GgmlType};
+use crate::quant::{
+    dot_kernel_for, quantize_row_q8, quantize_row_q8k, BlockQ8, BlockQ8K, DotKernel, GgmlType,
+};
 
 /// A borrowed weight matrix of `rows` rows of `cols` elements in GGML layout.
 #[derive(Clone, Copy)]
@@ -21,14 +23,18 @@ pub struct WeightRef<'a> {
     pub cols: usize,
 }
 
-/// Activations `x` of shape (n_rows, cols), with their Q8 quantization made on demand
-/// and reused across every weight that multiplies the same input.
+/// Activations `x` of shape (n_rows, cols), with their quantized copies made on demand
+/// and reused across every weight that multiplies the same input: [`BlockQ8`] rows for
+/// the 32-wide weight formats and [`BlockQ8K`] rows for the K-quants, each made the way
+/// llama.cpp quantizes activations for that weight type.
 pub struct Activations {
     pub n_rows: usize,
     pub cols: usize,
     pub f32: Vec<f32>,
     q8: Vec<BlockQ8>,
     q8_valid: bool,
+    q8k: Vec<BlockQ8K>,
+    q8k_valid: bool,
 }
 
 impl Activations {
@@ -39,16 +45,29 @@ impl Activations {
             f32: Vec::new(),
             q8: Vec::new(),
             q8_valid: false,
+            q8k: Vec::new(),
+            q8k_valid: false,
         }
     }
 
-    /// Resizes to (n_rows, cols) and returns the f32 buffer to fill. Invalidates the Q8 copy.
+    /// Resizes to (n_rows, cols) and returns the f32 buffer to fill. Invalidates the
+    /// quantized copies.
     pub fn reset(&mut self, n_rows: usize, cols: usize) -> &mut [f32] {
         self.n_rows = n_rows;
         self.cols = cols;
         self.q8_valid = false;
+        self.q8k_valid = false;
         self.f32.resize(n_rows * cols, 0.0);
         &mut self.f32[..n_rows * cols]
+    }
+
+    /// Makes the quantized copy that kernel `k` consumes, if not made yet.
+    fn quantize_for(&mut self, k: &DotKernel) {
+        match k {
+            DotKernel::Q8(_) => self.ensure_q8(),
+            DotKernel::Q8K(_) => self.ensure_q8k(),
+            DotKernel::F32(_) => {}
+        }
     }
 
     fn ensure_q8(&mut self) {
@@ -70,6 +89,27 @@ impl Activations {
             quantize_row_q8(x, q);
         }
         self.q8_valid = true;
+    }
+
+    fn ensure_q8k(&mut self) {
+        if self.q8k_valid {
+            return;
+        }
+        assert!(
+            self.cols.is_multiple_of(256),
+            "K-quant matmul needs cols divisible by 256, got {}",
+            self.cols
+        );
+        let nb = self.cols / 256;
+        self.q8k.resize(self.n_rows * nb, BlockQ8K::default());
+        for (x, q) in self
+            .f32
+            .chunks_exact(self.cols)
+            .zip(self.q8k.chunks_exact_mut(nb))
+        {
+            quantize_row_q8k(x, q);
+        }
+        self.q8k_valid = true;
     }
 }
 
@@ -97,7 +137,6 @@ pub fn matmul(pool: &ThreadPool, x: &mut Activations, w: WeightRef<'_>, out: &mu
 /// so the threads meet at one barrier instead of one per weight.
 pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob<'_, '_>]) {
     let n = x.n_rows;
-    let mut need_q8 = false;
     for j in jobs.iter() {
         assert_eq!(
             j.w.cols, x.cols,
@@ -106,10 +145,7 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
         );
         assert!(j.out.len() >= n * j.w.rows, "output buffer too small");
         assert!(j.w.data.len() >= j.w.rows * j.w.ty.row_bytes(j.w.cols).expect("whole blocks"));
-        need_q8 |= matches!(dot_kernel(j.w.ty), DotKernel::Q8(_));
-    }
-    if need_q8 {
-        x.ensure_q8();
+        x.quantize_for(&dot_kernel_for(j.w.ty, j.w.rows, n));
     }
     let x = &*x;
     // Tiles of all jobs laid end to end; each thread takes a contiguous share of tiles,
@@ -128,10 +164,20 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
         .map(|j| (SyncPtr(j.out.as_mut_ptr()), j.w.rows))
         .collect();
     let ws: Vec<WeightRef<'_>> = jobs.iter().map(|j| j.w).collect();
-    let kernels: Vec<DotKernel> = ws.iter().map(|w| dot_kernel(w.ty)).collect();
-    pool.run(&|tid, nt| {
-        let range = crate::pool::split_range(tiles.len(), tid, nt);
-        for &(ji, r0, r1) in &tiles[range] {
+    // The kernel reproducing llama.cpp's path for this product (it depends on the batch
+    // size; for repacked Q4_K also on rows arriving in groups of four from row 0).
+    let kernels: Vec<DotKernel> = ws.iter().map(|w| dot_kernel_for(w.ty, w.rows, n)).collect();
+    // Threads take tiles from a shared counter in small chunks rather than fixed shares:
+    // on shared vCPUs one thread is often slowed down, and a static split would make
+    // everyone wait for it at the barrier.
+    let next_tile = std::sync::atomic::AtomicUsize::new(0);
+    pool.run(&|_tid, nt| loop {
+        let chunk = (tiles.len() / (nt * 8)).max(1);
+        let start = next_tile.fetch_add(chunk, std::sync::atomic::Ordering::Relaxed);
+        if start >= tiles.len() {
+            break;
+        }
+        for &(ji, r0, r1) in &tiles[start..(start + chunk).min(tiles.len())] {
             let w = ws[ji];
             let (out, stride) = outs[ji];
             let rb = w.ty.row_bytes(w.cols).expect("checked");
@@ -145,6 +191,10 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                         DotKernel::Q8(f) => {
                             let nb = x.cols / 32;
                             f(row, &x.q8[i0 * nb..(i0 + na) * nb], na, &mut acc)
+                        }
+                        DotKernel::Q8K(f) => {
+                            let nb = x.cols / 256;
+                            f(row, &x.q8k[i0 * nb..(i0 + na) * nb], na, &mut acc)
                         }
                         DotKernel::F32(f) => {
                             f(row, &x.f32[i0 * x.cols..(i0 + na) * x.cols], na, &mut acc)

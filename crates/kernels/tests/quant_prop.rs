@@ -1,17 +1,19 @@
-//! Properties of the GGML quant formats: SIMD dot products against their scalar twins,
-//! scalar Q8 dot products against the dequantized f32 dot product, Q8 activation
-//! quantization (SIMD vs scalar, exact sums), and hand-built blocks whose values are
-//! computed from the format description (packing transcribed from ggml's
-//! `quantize_row_*_ref`), independently of the decoder under test.
+//! Properties of the GGML quant formats: SIMD dot products against their scalar twins
+//! (bit for bit, on every llama.cpp path), scalar dot products against the dequantized
+//! f32 dot product, activation quantization (SIMD vs scalar bit for bit, and the exact
+//! definition of ggml's quantizers), the float arithmetic of each kernel on crafted
+//! blocks, and hand-built blocks whose values are computed from the format description
+//! (packing transcribed from ggml's `quantize_row_*_ref`), independently of the decoder
+//! under test.
 
 use half::{bf16, f16};
 use pagellm_kernels::quant::{
-    dequantize_row, dot_kernel, dot_kernel_ref, quantize_row_q8, quantize_row_q8_ref, BlockQ8,
-    DotKernel, GgmlType,
+    dequantize_row, dot_kernel, dot_kernel_for, dot_kernel_ref, dot_kernel_ref_for,
+    quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k, quantize_row_q8k_ref, BlockQ8,
+    BlockQ8K, DotKernel, GgmlType,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
-
 const ALL: [GgmlType; 11] = [
     GgmlType::F32,
     GgmlType::F16,
@@ -110,31 +112,70 @@ fn any_case() -> impl Strategy<Value = Case> {
     proptest::sample::select(ALL.to_vec()).prop_flat_map(case)
 }
 
+/// Both quantized copies of some activation rows, as the matmul makes them.
+struct Quantized {
+    q8: Vec<BlockQ8>,
+    q8k: Vec<BlockQ8K>,
+}
+
 fn quantize(x: &[f32]) -> Vec<BlockQ8> {
     let mut q = vec![BlockQ8::default(); x.len() / 32];
     quantize_row_q8_ref(x, &mut q);
     q
 }
 
-/// The activations a kernel actually sees: f32 for float weights, Q8 otherwise.
-fn seen_activations(c: &Case, q: &[BlockQ8]) -> Vec<f32> {
-    if c.ty.is_quantized() {
-        q.iter()
-            .flat_map(|b| b.qs.map(|v| b.d * v as f32))
-            .collect()
-    } else {
-        c.x.clone()
+fn quantize_k(x: &[f32]) -> Vec<BlockQ8K> {
+    let mut q = vec![BlockQ8K::default(); x.len() / 256];
+    quantize_row_q8k_ref(x, &mut q);
+    q
+}
+
+fn quantize_both(c: &Case) -> Quantized {
+    let k = c.cols.is_multiple_of(256) && c.ty.is_quantized();
+    Quantized {
+        q8: if c.ty.is_quantized() {
+            quantize(&c.x)
+        } else {
+            Vec::new()
+        },
+        q8k: if k { quantize_k(&c.x) } else { Vec::new() },
     }
 }
 
-fn run(k: DotKernel, c: &Case, q: &[BlockQ8], n_act: usize, first_row: usize) -> [f32; 4] {
+/// The activations a kernel actually sees, dequantized: f32 for float weights.
+fn seen_activations(k: DotKernel, c: &Case, q: &Quantized) -> Vec<f32> {
+    match k {
+        DotKernel::Q8(_) => {
+            q.q8.iter()
+                .flat_map(|b| b.qs.map(|v| b.d * v as f32))
+                .collect()
+        }
+        DotKernel::Q8K(_) => q
+            .q8k
+            .iter()
+            .flat_map(|b| b.qs.map(|v| b.d * v as f32))
+            .collect(),
+        DotKernel::F32(_) => c.x.clone(),
+    }
+}
+
+fn run(k: DotKernel, c: &Case, q: &Quantized, n_act: usize, first_row: usize) -> [f32; 4] {
     let mut out = [f32::NAN; 4];
     match k {
         DotKernel::Q8(f) => {
             let nb = c.cols / 32;
             f(
                 &c.w,
-                &q[first_row * nb..(first_row + n_act) * nb],
+                &q.q8[first_row * nb..(first_row + n_act) * nb],
+                n_act,
+                &mut out,
+            )
+        }
+        DotKernel::Q8K(f) => {
+            let nb = c.cols / 256;
+            f(
+                &c.w,
+                &q.q8k[first_row * nb..(first_row + n_act) * nb],
                 n_act,
                 &mut out,
             )
@@ -156,58 +197,107 @@ fn f64_dot(w: &[f32], a: &[f32]) -> (f64, f64) {
     })
 }
 
+/// For the weight-plus-min formats (Q8_1 activations) the min term uses the block's
+/// `s = f16(d_unrounded * sum(q))` rather than the dequantized activations' sum
+/// `d * sum(q)`; this bounds the difference for activation row `r`.
+fn q8_1_min_slack(c: &Case, q: &Quantized, r: usize) -> f64 {
+    if !matches!(c.ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        return 0.0;
+    }
+    let nb = c.cols / 32;
+    let bb = c.ty.block_bytes();
+    (0..nb)
+        .map(|b| {
+            let m = f16::from_le_bytes([c.w[b * bb + 2], c.w[b * bb + 3]]).to_f32() as f64;
+            let y = &q.q8[r * nb + b];
+            let sum: i32 = y.qs.iter().map(|&v| v as i32).sum();
+            m.abs() * (y.s as f64 - y.d as f64 * sum as f64).abs()
+        })
+        .sum()
+}
+
+/// `(w_rows, n_rows)` of products selecting each of llama.cpp's paths: single rows,
+/// small and large batches, weights with and without a multiple of 8 rows.
+const SHAPES: [(usize, usize); 4] = [(8, 1), (8, 8), (7, 1), (7, 8)];
+
+/// Whether rows fed four at a time may differ from rows fed alone: the repacked Q4_K
+/// uses llama.cpp's 4-row gemm arithmetic for groups of four.
+fn groups_of_four_differ(ty: GgmlType, w_rows: usize) -> bool {
+    ty == GgmlType::Q4_K && w_rows.is_multiple_of(8)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
 
-    /// (1) The dispatched kernel equals the scalar twin up to float summation order,
-    /// for every n_act, and a row's result is bit-identical whatever n_act is.
+    /// (1) On every llama.cpp path, the dispatched kernel equals the scalar twin bit for
+    /// bit, for every n_act, and a row's result does not depend on n_act (except for the
+    /// repacked Q4_K's groups of four).
     #[test]
     fn fast_kernel_matches_reference(c in any_case()) {
-        let q = if c.ty.is_quantized() { quantize(&c.x) } else { Vec::new() };
-        let mut wf = vec![0f32; c.cols];
-        dequantize_row(c.ty, &c.w, &mut wf);
-        let a = seen_activations(&c, &q);
-        let fast = run(dot_kernel(c.ty), &c, &q, c.n_act, 0);
-        let reference = run(dot_kernel_ref(c.ty), &c, &q, c.n_act, 0);
-        for r in 0..4 {
-            if r >= c.n_act {
-                prop_assert!(fast[r].is_nan() && reference[r].is_nan(), "out[{}] written", r);
+        let q = quantize_both(&c);
+        for (w_rows, n_rows) in SHAPES {
+            let (fk, rk) = (dot_kernel_for(c.ty, w_rows, n_rows), dot_kernel_ref_for(c.ty, w_rows, n_rows));
+            if matches!(fk, DotKernel::Q8K(_)) && q.q8k.is_empty() {
                 continue;
             }
-            let (_, mass) = f64_dot(&wf, &a[r * c.cols..(r + 1) * c.cols]);
-            let tol = 1e-4 * mass + 1e-5;
-            prop_assert!(
-                ((fast[r] - reference[r]) as f64).abs() <= tol,
-                "{} cols={} row {}: fast {} ref {} tol {}", c.ty.name(), c.cols, r, fast[r], reference[r], tol
-            );
-            let alone = run(dot_kernel(c.ty), &c, &q, 1, r);
-            prop_assert_eq!(alone[0].to_bits(), fast[r].to_bits(), "batch variance in row {}", r);
-            let alone = run(dot_kernel_ref(c.ty), &c, &q, 1, r);
-            prop_assert_eq!(alone[0].to_bits(), reference[r].to_bits(), "batch variance in ref row {}", r);
+            let fast = run(fk, &c, &q, c.n_act, 0);
+            let reference = run(rk, &c, &q, c.n_act, 0);
+            for r in 0..4 {
+                if r >= c.n_act {
+                    prop_assert!(fast[r].is_nan() && reference[r].is_nan(), "out[{}] written", r);
+                    continue;
+                }
+                if c.ty.is_quantized() {
+                    prop_assert_eq!(
+                        fast[r].to_bits(), reference[r].to_bits(),
+                        "{} {:?} cols={} row {}: fast {} ref {}", c.ty.name(), (w_rows, n_rows), c.cols, r, fast[r], reference[r]
+                    );
+                } else {
+                    let mut wf = vec![0f32; c.cols];
+                    dequantize_row(c.ty, &c.w, &mut wf);
+                    let (_, mass) = f64_dot(&wf, &c.x[r * c.cols..(r + 1) * c.cols]);
+                    let tol = 1e-4 * mass + 1e-5;
+                    prop_assert!(((fast[r] - reference[r]) as f64).abs() <= tol,
+                        "{} row {}: fast {} ref {}", c.ty.name(), r, fast[r], reference[r]);
+                }
+                if c.n_act == 4 && groups_of_four_differ(c.ty, w_rows) {
+                    continue;
+                }
+                let alone = run(fk, &c, &q, 1, r);
+                prop_assert_eq!(alone[0].to_bits(), fast[r].to_bits(), "batch variance in row {}", r);
+                let alone = run(rk, &c, &q, 1, r);
+                prop_assert_eq!(alone[0].to_bits(), reference[r].to_bits(), "batch variance in ref row {}", r);
+            }
         }
     }
 
-    /// (2) The scalar reference computes the dot product of the dequantized weights with
-    /// the dequantized activations.
+    /// (2) On every path, the scalar reference computes the dot product of the
+    /// dequantized weights with the dequantized activations.
     #[test]
     fn reference_kernel_is_the_dequantized_dot(c in any_case()) {
-        let q = if c.ty.is_quantized() { quantize(&c.x) } else { Vec::new() };
+        let q = quantize_both(&c);
         let mut wf = vec![0f32; c.cols];
         dequantize_row(c.ty, &c.w, &mut wf);
-        let a = seen_activations(&c, &q);
-        let got = run(dot_kernel_ref(c.ty), &c, &q, c.n_act, 0);
-        for (r, got) in got.iter().enumerate().take(c.n_act) {
-            let (want, mass) = f64_dot(&wf, &a[r * c.cols..(r + 1) * c.cols]);
-            let tol = 2e-5 * mass + 1e-6;
-            prop_assert!(
-                (*got as f64 - want).abs() <= tol,
-                "{} cols={} row {}: got {} want {} tol {}", c.ty.name(), c.cols, r, got, want, tol
-            );
+        for (w_rows, n_rows) in SHAPES {
+            let k = dot_kernel_ref_for(c.ty, w_rows, n_rows);
+            if matches!(k, DotKernel::Q8K(_)) && q.q8k.is_empty() {
+                continue;
+            }
+            let a = seen_activations(k, &c, &q);
+            let got = run(k, &c, &q, c.n_act, 0);
+            for (r, got) in got.iter().enumerate().take(c.n_act) {
+                let (want, mass) = f64_dot(&wf, &a[r * c.cols..(r + 1) * c.cols]);
+                let tol = 2e-5 * mass + 1e-6 + q8_1_min_slack(&c, &q, r);
+                prop_assert!(
+                    (*got as f64 - want).abs() <= tol,
+                    "{} {:?} cols={} row {}: got {} want {} tol {}", c.ty.name(), (w_rows, n_rows), c.cols, r, got, want, tol
+                );
+            }
         }
     }
 
-    /// (3) SIMD and scalar activation quantization agree bit for bit; the sums are
-    /// exact; every value is the nearest multiple of d (ties to even).
+    /// (3) Q8 (Q8_0 / Q8_1) quantization: SIMD and scalar agree bit for bit, and the
+    /// result is ggml's AVX2 definition.
     #[test]
     fn q8_quantization(
         x in prop_oneof![
@@ -223,24 +313,58 @@ proptest! {
         quantize_row_q8_ref(x, &mut reference);
         for (i, (f, r)) in fast.iter().zip(&reference).enumerate() {
             prop_assert_eq!(f.d.to_bits(), r.d.to_bits(), "block {} d", i);
+            prop_assert_eq!(f.s.to_bits(), r.s.to_bits(), "block {} s", i);
             prop_assert_eq!(f.qs, r.qs, "block {} qs", i);
-            prop_assert_eq!(f.sums, r.sums, "block {} sums", i);
-            for h in 0..2 {
-                let s: i32 = r.qs[16 * h..16 * h + 16].iter().map(|&v| v as i32).sum();
-                prop_assert_eq!(s, r.sums[h] as i32);
-            }
             let xb = &x[32 * i..32 * i + 32];
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if r.d == 0.0 {
-                prop_assert!(r.qs.iter().all(|&v| v == 0));
-                prop_assert!(amax < 1e-30);
-            } else {
-                prop_assert_eq!(r.d, amax / 127.0);
-                prop_assert_eq!(r.qs.iter().map(|v| v.unsigned_abs()).max(), Some(127));
-                for (&v, &q) in xb.iter().zip(&r.qs) {
-                    prop_assert!(q != -128);
-                    prop_assert!((v / r.d - q as f32).abs() <= 0.5 + 1e-4, "x {} d {} q {}", v, r.d, q);
-                }
+            if amax < 1e-30 {
+                prop_assert_eq!(r, &BlockQ8::default());
+                continue;
+            }
+            let d = amax / 127.0;
+            prop_assert_eq!(r.d, f16::from_f32(d).to_f32());
+            let id = 127.0 / amax;
+            for (&v, &q) in xb.iter().zip(&r.qs) {
+                prop_assert_eq!(q as f32, (v * id).round_ties_even());
+            }
+            let sum: i32 = r.qs.iter().map(|&v| v as i32).sum();
+            prop_assert_eq!(r.s, f16::from_f32(d * sum as f32).to_f32());
+        }
+    }
+
+    /// (4) Q8_K quantization: SIMD and scalar agree bit for bit, and the result is
+    /// ggml's `quantize_row_q8_K_ref`.
+    #[test]
+    fn q8k_quantization(
+        x in prop_oneof![
+            vec(-4.0f32..4.0, 256..=256 * 4),
+            vec(prop_oneof![-1e4f32..1e4, Just(0.0), -1e-20f32..1e-20, (-6i32..=6).prop_map(|v| v as f32 * 0.5)], 256..=256 * 4),
+        ]
+    ) {
+        let n = x.len() / 256;
+        let x = &x[..256 * n];
+        let mut fast = vec![BlockQ8K::default(); n];
+        let mut reference = vec![BlockQ8K::default(); n];
+        quantize_row_q8k(x, &mut fast);
+        quantize_row_q8k_ref(x, &mut reference);
+        for (i, (f, r)) in fast.iter().zip(&reference).enumerate() {
+            prop_assert_eq!(f.d.to_bits(), r.d.to_bits(), "block {} d", i);
+            prop_assert_eq!(f.qs, r.qs, "block {} qs", i);
+            prop_assert_eq!(f.bsums, r.bsums, "block {} bsums", i);
+            let xb = &x[256 * i..256 * i + 256];
+            // The first element of largest magnitude, with its sign.
+            let max = xb.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            if max.abs() < 1e-30 {
+                prop_assert_eq!(r, &BlockQ8K::default());
+                continue;
+            }
+            let iscale = -127.0 / max;
+            prop_assert_eq!(r.d, 1.0 / iscale);
+            for (&v, &q) in xb.iter().zip(&r.qs) {
+                prop_assert_eq!(q as f32, (iscale * v).round_ties_even().min(127.0));
+            }
+            for (j, s) in r.bsums.iter().enumerate() {
+                prop_assert_eq!(*s as i32, r.qs[16 * j..16 * j + 16].iter().map(|&v| v as i32).sum::<i32>());
             }
         }
     }
@@ -459,10 +583,16 @@ fn q6_k_known_values() {
     for e in [0, 15, 16, 31, 40, 77, 100, 127, 128, 150, 200, 255] {
         let mut x = vec![0f32; 256];
         x[e] = 1.0;
-        let q8 = quantize(&x);
-        for k in [dot_kernel(GgmlType::Q6_K), dot_kernel_ref(GgmlType::Q6_K)] {
-            let DotKernel::Q8(f) = k else {
-                panic!("Q6_K must use Q8 activations")
+        let q8 = quantize_k(&x);
+        let kernels = SHAPES.iter().flat_map(|&(w, n)| {
+            [
+                dot_kernel_for(GgmlType::Q6_K, w, n),
+                dot_kernel_ref_for(GgmlType::Q6_K, w, n),
+            ]
+        });
+        for k in kernels {
+            let DotKernel::Q8K(f) = k else {
+                panic!("Q6_K must use Q8_K activations")
             };
             let mut out = [0f32; 4];
             f(&b, &q8, 1, &mut out);
@@ -512,22 +642,30 @@ fn q8_ties_round_to_even_in_both_paths() {
     for (&q, &v) in a[0].qs.iter().zip(&x).skip(1) {
         assert_eq!(q as f32, v.round_ties_even(), "x = {v}");
     }
-    assert_eq!((a[0].qs, a[0].sums), (b[0].qs, b[0].sums));
+    assert_eq!(a[0], b[0]);
 }
 
 #[test]
 fn q8_zero_and_tiny_blocks_quantize_to_zero() {
     let mut x = vec![0f32; 64];
-    x[40] = 1e-39; // subnormal: 1 / (amax / 127) would overflow
+    x[40] = 1e-39; // subnormal: 127 / amax overflows
     for f in [
         quantize_row_q8 as fn(&[f32], &mut [BlockQ8]),
         quantize_row_q8_ref,
     ] {
         let mut q = [BlockQ8::default(); 2];
         f(&x, &mut q);
-        for b in q {
-            assert_eq!((b.d, b.qs, b.sums), (0.0, [0; 32], [0, 0]));
-        }
+        assert_eq!(q, [BlockQ8::default(); 2]);
+    }
+    let mut x = vec![0f32; 512];
+    x[300] = -1e-39;
+    for f in [
+        quantize_row_q8k as fn(&[f32], &mut [BlockQ8K]),
+        quantize_row_q8k_ref,
+    ] {
+        let mut q = [BlockQ8K::default(); 2];
+        f(&x, &mut q);
+        assert_eq!(q, [BlockQ8K::default(); 2]);
     }
 }
 
@@ -541,7 +679,10 @@ fn dot_of_known_rows() {
     }
     let x: Vec<f32> = (0..128).map(|i| ((i * 37) % 50) as f32 - 20.0).collect();
     let q = quantize(&x);
-    let want: f32 = q.iter().map(|b| b.d * (b.sums[0] + b.sums[1]) as f32).sum();
+    let want: f32 = q
+        .iter()
+        .map(|b| b.d * b.qs.iter().map(|&v| v as i32).sum::<i32>() as f32)
+        .sum();
     for k in [dot_kernel(GgmlType::Q4_0), dot_kernel_ref(GgmlType::Q4_0)] {
         let DotKernel::Q8(f) = k else { panic!() };
         let mut out = [0f32; 4];
@@ -573,10 +714,16 @@ fn dot_of_known_rows() {
 #[test]
 fn kernel_families() {
     for ty in ALL {
-        let fast = matches!(dot_kernel(ty), DotKernel::Q8(_));
-        let reference = matches!(dot_kernel_ref(ty), DotKernel::Q8(_));
-        assert_eq!(fast, ty.is_quantized(), "{}", ty.name());
-        assert_eq!(reference, ty.is_quantized(), "{}", ty.name());
+        for (w, n) in SHAPES {
+            for k in [dot_kernel_for(ty, w, n), dot_kernel_ref_for(ty, w, n)] {
+                let family = match k {
+                    DotKernel::Q8(_) => 32,
+                    DotKernel::Q8K(_) => 256,
+                    DotKernel::F32(_) => 1,
+                };
+                assert_eq!(family, ty.block_elems(), "{}", ty.name());
+            }
+        }
     }
 }
 
@@ -603,9 +750,9 @@ fn too_many_rows_panics() {
 #[test]
 #[should_panic]
 fn k_quant_needs_whole_super_blocks() {
-    let DotKernel::Q8(f) = dot_kernel(GgmlType::Q4_K) else {
+    let DotKernel::Q8K(f) = dot_kernel(GgmlType::Q4_K) else {
         panic!()
     };
-    let acts = vec![BlockQ8::default(); 4];
+    let acts = vec![BlockQ8K::default(); 2];
     f(&[0u8; 144], &acts, 1, &mut [0.0; 4]);
 }

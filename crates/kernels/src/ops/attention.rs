@@ -78,6 +78,7 @@ pub fn attention(
         })
         .collect();
     let outp = SyncPtr(out.as_mut_ptr());
+    let decode = n_tokens == 1;
     pool.run(&|tid, nt| {
         let mine = crate::pool::split_range(tasks.len(), tid, nt);
         if mine.is_empty() {
@@ -115,6 +116,7 @@ pub fn attention(
                         scale,
                         &mut scores[..n],
                         oh,
+                        decode,
                     );
                 }
             }
@@ -131,25 +133,134 @@ fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
 }
 
 /// One query head (already rounded to f16 precision) against keys and values held as
-/// f32 rows, `scores.len()` of them.
-fn attend_one(q: &[f32], k: &[f32], v: &[f32], scale: f32, scores: &mut [f32], out: &mut [f32]) {
-    let hd = q.len();
-    assert!(k.len() >= scores.len() * hd && v.len() >= scores.len() * hd && out.len() == hd);
+/// f32 rows, `scores.len()` of them. `decode` selects the summation order llama.cpp uses
+/// for a batch of one token (`ggml_vec_dot_f16`: 32 lanes) instead of the one it uses for
+/// prompt batches (llamafile's tinyBLAS: 8 lanes).
+fn attend_one(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    decode: bool,
+) {
     #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(8) && crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
-        // SAFETY: AVX2+FMA+F16C are available and the lengths were checked above.
-        return unsafe { super::avx2::attend_one(q, k, v, scale, scores, out) };
+    if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
+        // SAFETY: AVX2+FMA are available; the code is the same as the portable twin,
+        // compiled with FMA enabled (fused multiply-adds round identically either way).
+        return unsafe { attend_one_avx2(q, k, v, scale, scores, out, decode) };
     }
-    let mut max = f32::NEG_INFINITY;
-    for (s, kj) in scores.iter_mut().zip(k.chunks_exact(hd)) {
-        *s = super::dot(q, kj) * scale;
-        max = max.max(*s);
+    attend_one_portable(q, k, v, scale, scores, out, decode)
+}
+
+macro_rules! attend_impl {
+    ($(#[$attr:meta])* $vis:vis $(unsafe)? fn $name:ident) => {
+        $(#[$attr])*
+        $vis fn $name(q: &[f32], k: &[f32], v: &[f32], scale: f32, scores: &mut [f32], out: &mut [f32], decode: bool) {
+            let hd = q.len();
+            let n = scores.len();
+            assert!(k.len() >= n * hd && v.len() >= n * hd && out.len() == hd);
+            // Scores: q·k_j with the reference's lane structure, then the scale.
+            for (j, s) in scores.iter_mut().enumerate() {
+                let kj = &k[j * hd..(j + 1) * hd];
+                *s = if decode { lanes_dot::<32>(q, kj, reduce32) } else { lanes_dot::<8>(q, kj, reduce8) } * scale;
+            }
+            softmax_ggml(scores);
+            for p in scores.iter_mut() {
+                *p = f16::from_f32(*p).to_f32();
+            }
+            // out[d] = Σ_j p_j v_j[d], lanes by position as the reference's dot over positions.
+            if decode {
+                lanes_weighted_sum::<32>(scores, v, out, reduce32);
+            } else {
+                lanes_weighted_sum::<8>(scores, v, out, reduce8);
+            }
+        }
+    };
+}
+
+attend_impl!(#[cfg(target_arch = "x86_64")] #[target_feature(enable = "avx2,fma")] unsafe fn attend_one_avx2);
+attend_impl!(fn attend_one_portable);
+
+/// `Σ a_i b_i` accumulated in `L` lanes (`i mod L`) by fused multiply-add, then reduced.
+#[inline(always)]
+fn lanes_dot<const L: usize>(a: &[f32], b: &[f32], reduce: fn(&[f32; L]) -> f32) -> f32 {
+    let mut acc = [0f32; L];
+    let mut ca = a.chunks_exact(L);
+    let mut cb = b.chunks_exact(L);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..L {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
     }
-    let sum = super::exp_sub_sum(scores, max);
-    let inv = 1.0 / sum;
-    out.fill(0.0);
-    for (&p, vj) in scores.iter().zip(v.chunks_exact(hd)) {
-        super::axpy(out, f16::from_f32(p * inv).to_f32(), vj);
+    // Positions past the end count as zeros, which leave every lane unchanged.
+    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    reduce(&acc)
+}
+
+/// `out[d] = Σ_j p_j v_j[d]` with position `j` accumulated in lane `j mod L`.
+#[inline(always)]
+fn lanes_weighted_sum<const L: usize>(
+    p: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    reduce: fn(&[f32; L]) -> f32,
+) {
+    let hd = out.len();
+    let mut acc = vec![0f32; L * hd]; // (lane, dim)
+    for (j, &pj) in p.iter().enumerate() {
+        let lane = &mut acc[(j % L) * hd..(j % L + 1) * hd];
+        for (a, &x) in lane.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            *a = x.mul_add(pj, *a);
+        }
+    }
+    let mut lanes = [0f32; L];
+    for (d, o) in out.iter_mut().enumerate() {
+        for (l, x) in lanes.iter_mut().enumerate() {
+            *x = acc[l * hd + d];
+        }
+        *o = reduce(&lanes);
+    }
+}
+
+/// The horizontal sum of one 8-lane register as tinyBLAS does it (`hsum`).
+#[inline(always)]
+fn reduce8(x: &[f32; 8]) -> f32 {
+    let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// The reduction of four 8-lane accumulators in `ggml_vec_dot_f16` (`GGML_F32x8_REDUCE`).
+#[inline(always)]
+fn reduce32(x: &[f32; 32]) -> f32 {
+    let mut s = [0f32; 8];
+    for l in 0..8 {
+        s[l] = (x[l] + x[16 + l]) + (x[8 + l] + x[24 + l]);
+    }
+    let t = [s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]];
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// Softmax as `ggml_compute_forward_soft_max_f32` computes it: exp by ggml's polynomial
+/// in chunks of 8, each chunk summed in f32 and added to an f64 total, then every value
+/// scaled by the f32 rounding of `1/total`.
+fn softmax_ggml(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for chunk in x.chunks_mut(8) {
+        let mut lanes = [f32::NEG_INFINITY; 8];
+        lanes[..chunk.len()].copy_from_slice(chunk);
+        let e = super::exp8(&lanes, max);
+        chunk.copy_from_slice(&e[..chunk.len()]);
+        let t = [e[0] + e[4], e[1] + e[5], e[2] + e[6], e[3] + e[7]];
+        sum += ((t[0] + t[2]) + (t[1] + t[3])) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
     }
 }
 

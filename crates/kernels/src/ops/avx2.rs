@@ -104,34 +104,68 @@ pub unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
-/// exp(x) for 8 lanes: range reduction to x = n·ln2 + r, |r| ≤ ln2/2, a degree-6
-/// polynomial for e^r (Cephes `expf` coefficients), and 2^n built in the exponent
-/// bits. Relative error below 2e-7 over the range softmax and SiLU use; inputs below
-/// -87 flush to 0.
+/// exp(x) for 8 lanes, ported operation for operation from ggml's `ggml_v_expf`
+/// (ggml-cpu/vec.h, AVX2 branch) so that softmax and SiLU round exactly as llama.cpp's:
+/// x = n·ln2 + b with n from the 1.5·2^23 trick, a degree-5 polynomial for e^b - 1,
+/// and the scaled paths for |n| > 126 that keep overflow and underflow exact.
 #[inline(always)]
-#[allow(clippy::excessive_precision)] // Cephes' constants, kept digit for digit.
 pub unsafe fn exp256(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949));
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447504019));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let r = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        e,
+        _mm256_castps_si256(_mm256_set1_ps(1.0)),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4), r);
-    let mut p = _mm256_set1_ps(1.9875691500e-4);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1));
-    let r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
+    let absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let cmask = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(absn, _mm256_set1_ps(126.0)));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        _mm256_mul_ps(c(0x3f7f_fff6), b),
+    );
+    if _mm256_movemask_ps(_mm256_castsi256_ps(cmask)) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let d = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(absn, _mm256_set1_ps(192.0)));
+    _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            _mm256_castsi256_ps(d),
+            _mm256_or_ps(
+                _mm256_and_ps(
+                    _mm256_castsi256_ps(cmask),
+                    _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1),
+                ),
+                _mm256_andnot_ps(_mm256_castsi256_ps(cmask), _mm256_fmadd_ps(k, j, k)),
+            ),
+        ),
+    )
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp8(x: &[f32; 8], max: f32) -> [f32; 8] {
+    let e = exp256(_mm256_sub_ps(
+        _mm256_loadu_ps(x.as_ptr()),
+        _mm256_set1_ps(max),
     ));
-    _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), e);
+    out
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -174,93 +208,5 @@ pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     while i < n {
         *po.add(i) = super::scalar::silu(*pg.add(i)) * *pu.add(i);
         i += 1;
-    }
-}
-
-/// Attention of one query head over `scores.len()` keys and values stored as f32 rows
-/// of `q.len()` (a multiple of 8): scores, softmax, probabilities rounded to f16 (as
-/// llama.cpp does before weighting the values), then the weighted sum of values.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_one(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let n = scores.len();
-    debug_assert!(hd.is_multiple_of(8) && k.len() >= n * hd && v.len() >= n * hd && out.len() == hd);
-    let (pq, pk, pv, ps) = (q.as_ptr(), k.as_ptr(), v.as_ptr(), scores.as_mut_ptr());
-    // Scores, four keys at a time so one horizontal reduction serves four dot products.
-    let mut j = 0;
-    let mut vmax = _mm_set1_ps(f32::NEG_INFINITY);
-    while j + 4 <= n {
-        let mut a0 = _mm256_setzero_ps();
-        let mut a1 = _mm256_setzero_ps();
-        let mut a2 = _mm256_setzero_ps();
-        let mut a3 = _mm256_setzero_ps();
-        let kj = pk.add(j * hd);
-        let mut d = 0;
-        while d < hd {
-            let qv = _mm256_loadu_ps(pq.add(d));
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj.add(d)), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj.add(hd + d)), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj.add(2 * hd + d)), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj.add(3 * hd + d)), a3);
-            d += 8;
-        }
-        // hadd tree: lanes of (a0, a1, a2, a3) reduced to one 4-vector of sums.
-        let h01 = _mm256_hadd_ps(a0, a1);
-        let h23 = _mm256_hadd_ps(a2, a3);
-        let h = _mm256_hadd_ps(h01, h23);
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-        let s4 = _mm_mul_ps(s4, _mm_set1_ps(scale));
-        _mm_storeu_ps(ps.add(j), s4);
-        vmax = _mm_max_ps(vmax, s4);
-        j += 4;
-    }
-    let vmax = _mm_max_ps(vmax, _mm_movehl_ps(vmax, vmax));
-    let vmax = _mm_max_ss(vmax, _mm_shuffle_ps::<0b01>(vmax, vmax));
-    let mut max = _mm_cvtss_f32(vmax);
-    while j < n {
-        let s = dot(q, std::slice::from_raw_parts(pk.add(j * hd), hd)) * scale;
-        *ps.add(j) = s;
-        max = max.max(s);
-        j += 1;
-    }
-    let sum = exp_sub_sum(scores, max);
-    let inv = 1.0 / sum;
-    // Normalize and round to f16 precision, 8 at a time.
-    let vinv = _mm256_set1_ps(inv);
-    let mut j = 0;
-    while j + 8 <= n {
-        let p = _mm256_mul_ps(_mm256_loadu_ps(ps.add(j)), vinv);
-        let p = _mm256_cvtph_ps(_mm256_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(p));
-        _mm256_storeu_ps(ps.add(j), p);
-        j += 8;
-    }
-    while j < n {
-        *ps.add(j) = half::f16::from_f32(*ps.add(j) * inv).to_f32();
-        j += 1;
-    }
-    // out = Σ p_j v_j, 32 dimensions at a time held in registers.
-    let po = out.as_mut_ptr();
-    let mut d0 = 0;
-    while d0 < hd {
-        let w = (hd - d0).min(32);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for j in 0..n {
-            let p = _mm256_set1_ps(*ps.add(j));
-            let vj = pv.add(j * hd + d0);
-            for (c, a) in acc.iter_mut().enumerate().take(w / 8) {
-                *a = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj.add(c * 8)), *a);
-            }
-        }
-        for (c, a) in acc.iter().enumerate().take(w / 8) {
-            _mm256_storeu_ps(po.add(d0 + c * 8), *a);
-        }
-        d0 += w;
     }
 }

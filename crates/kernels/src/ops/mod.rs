@@ -79,6 +79,21 @@ pub fn exp_sub_sum(x: &mut [f32], max: f32) -> f32 {
     scalar::exp_sub_sum(x, max)
 }
 
+/// `exp(x[i] - max)` for 8 lanes with ggml's `ggml_v_expf` polynomial (bit-exact with
+/// llama.cpp's softmax and SiLU); lanes at -inf give 0.
+pub fn exp8(x: &[f32; 8], max: f32) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: as in `dot`.
+        return unsafe { avx2::exp8(x, max) };
+    }
+    let mut out = [0f32; 8];
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = scalar::expf_ggml(v - max);
+    }
+    out
+}
+
 /// RMSNorm of each row of `x` (rows of `w.len()`), times the weight `w`, into `out`.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     assert_eq!(x.len(), out.len());

@@ -58,6 +58,9 @@ impl RopeTable {
     }
 
     /// Rotates every head of every token in `x`, shaped (n_tokens, n_heads, head_dim).
+    /// The products are fused the way GCC contracts ggml's `x0*cos - x1*sin` (one
+    /// product rounded, the other fused), which is what makes K and Q round to the same f16
+    /// values as llama.cpp's.
     /// Positions must be covered by `ensure`.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, positions: &[usize]) {
         let hd = self.head_dim;
@@ -75,16 +78,16 @@ impl RopeTable {
                     RopeStyle::Interleaved => {
                         for i in 0..half {
                             let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                            head[2 * i] = x0 * cos[i] - x1 * sin[i];
-                            head[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+                            head[2 * i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                            head[2 * i + 1] = x0.mul_add(sin[i], x1 * cos[i]);
                         }
                     }
                     RopeStyle::Neox => {
                         let (a, b) = head.split_at_mut(half);
                         for i in 0..half {
                             let (x0, x1) = (a[i], b[i]);
-                            a[i] = x0 * cos[i] - x1 * sin[i];
-                            b[i] = x0 * sin[i] + x1 * cos[i];
+                            a[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                            b[i] = x0.mul_add(sin[i], x1 * cos[i]);
                         }
                     }
                 }

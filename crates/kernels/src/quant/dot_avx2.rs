@@ -1,37 +1,14 @@
-//! AVX2 + FMA + F16C dot products, twins of `dot_scalar`.
-//!
-//! Shape of every quantized kernel (after ggml-cpu/arch/x86/quants.c): per weight
-//! block, unpack the weights once into 32 bytes, then for each of the `N` activation
-//! rows multiply unsigned weight bytes by signed activation bytes with
-//! `_mm256_maddubs_epi16`, widen pairwise to i32 with `_mm256_madd_epi16`, convert to
-//! f32 and FMA with the combined scale into that row's accumulator. Formats whose
-//! values are signed (Q4_0, Q5_0, Q8_0, Q6_K) move the sign onto the activations with
-//! `_mm256_sign_epi8` so the integer block sums are exact without a correction term;
-//! formats with a float min (Q4_1, Q5_1, Q4_K, Q5_K) add `m * d_a * sum(a)` from
-//! [`BlockQ8::sums`] into a scalar accumulator.
-//!
-//! No product overflows i16 in `maddubs` because activations stay within [-127, 127]
-//! (guaranteed by `quantize_row_q8`): the largest pair is 2 * 128 * 127 for Q8_0.
-//!
-//! Batch invariance: each row's result goes through the same instruction sequence
-//! whatever `n_act` is, so a token's output does not depend on its batch neighbours.
-//!
-//! Soundness: the `unsafe fn`s need AVX2/FMA/F16C and in-bounds pointers. The safe
-//! wrappers (the fn-pointer types need safe fns) check every length up front; they are
-//! private to this module and handed out only by the `unsafe` [`kernel`], which
-//! `quant::dot_kernel` calls only after `cpu::simd_level()` reported those features.
-
 use super::blocks::scales_mins_k4;
-use super::dot_scalar::{check_f32, check_q8};
-use super::{BlockQ8, DotKernel, GgmlType};
+use super::dot_scalar::{check_f32, check_q};
+use super::{BlockQ8, BlockQ8K, DotKernel, GgmlType, KPath};
 use std::arch::x86_64::*;
 
-/// The AVX2 kernel for `ty`.
+/// The AVX2 kernel for `ty` on llama.cpp path `path` (K-quants only).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C: the returned safe fn pointers execute
 /// those instructions unconditionally.
-pub(super) unsafe fn kernel(ty: GgmlType) -> DotKernel {
+pub(super) unsafe fn kernel(ty: GgmlType, path: KPath) -> DotKernel {
     match ty {
         GgmlType::F32 => DotKernel::F32(dot_f32),
         GgmlType::F16 => DotKernel::F32(dot_f16),
@@ -41,9 +18,19 @@ pub(super) unsafe fn kernel(ty: GgmlType) -> DotKernel {
         GgmlType::Q5_0 => DotKernel::Q8(dot_q5_0),
         GgmlType::Q5_1 => DotKernel::Q8(dot_q5_1),
         GgmlType::Q8_0 => DotKernel::Q8(dot_q8_0),
-        GgmlType::Q4_K => DotKernel::Q8(dot_q4_k),
-        GgmlType::Q5_K => DotKernel::Q8(dot_q5_k),
-        GgmlType::Q6_K => DotKernel::Q8(dot_q6_k),
+        GgmlType::Q4_K => DotKernel::Q8K(match path {
+            KPath::VecDot => dot_q4_k,
+            KPath::Tiled => dot_q4_k_tiled,
+            KPath::Repack => dot_q4_k_repack,
+        }),
+        GgmlType::Q5_K => DotKernel::Q8K(match path {
+            KPath::Tiled => dot_q5_k_tiled,
+            _ => dot_q5_k,
+        }),
+        GgmlType::Q6_K => DotKernel::Q8K(match path {
+            KPath::Tiled => dot_q6_k_tiled,
+            _ => dot_q6_k,
+        }),
     }
 }
 
@@ -163,7 +150,7 @@ fn dot_ss(w_abs: __m256i, w: __m256i, a: __m256i) -> __m256i {
     dot_us(w_abs, _mm256_sign_epi8(a, w))
 }
 
-/// `acc + p * scale`, `p` the i32 partial sums of one block.
+/// `acc + p * scale`, `p` the i32 lanes of one block.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn fma_block(p: __m256i, scale: f32, acc: __m256) -> __m256 {
@@ -178,9 +165,31 @@ fn act(y: &BlockQ8) -> __m256i {
     unsafe { ld256(y.qs.as_ptr().cast()) }
 }
 
-#[inline(always)]
-fn block_sum(y: &BlockQ8) -> f32 {
-    (y.sums[0] as i32 + y.sums[1] as i32) as f32
+/// Activation bytes `32j..32j+32` of a K block.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn act_k(y: &BlockQ8K, j: usize) -> __m256i {
+    assert!(j < 8);
+    // SAFETY: `qs` is 256 readable bytes and j < 8.
+    unsafe { ld256(y.qs.as_ptr().add(32 * j).cast()) }
+}
+
+/// Sum of the eight i32 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// ggml's `(a0 + a2) + (a1 + a3)` over four float lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum_ps4(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 /// Calls `$f::<N>(args)` with `N = n_act` as a constant, so each activation-row count
@@ -196,16 +205,25 @@ macro_rules! by_rows {
     };
 }
 
-/// Defines the safe fn-pointer wrapper `$name` around the row-blocked `$imp`.
-macro_rules! q8_wrapper {
-    ($name:ident, $imp:ident, $ty:expr) => {
-        fn $name(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-            let nb = check_q8($ty, w_row, acts, n_act);
+/// Defines the safe fn-pointer wrapper `$name` around the row-blocked `$imp`
+/// (`$imp::<N>(w, a, nb, out)`, extra const generics after `N` in `$gen`).
+macro_rules! q_wrapper {
+    ($name:ident, $act:ty, $elems:expr, $imp:ident $(, $gen:expr)*; $ty:expr) => {
+        fn $name(w_row: &[u8], acts: &[$act], n_act: usize, out: &mut [f32; 4]) {
+            let nb = check_q($ty, w_row, acts.len(), $elems, n_act);
+            let (w, a) = (w_row.as_ptr(), acts.as_ptr());
             // SAFETY: shapes were checked above (the weight row holds exactly the blocks
             // matching `nb` activation blocks, `acts` holds `n_act * nb` blocks), and
             // this wrapper is only handed out by `kernel`, whose contract is that the
             // CPU supports AVX2, FMA and F16C (see the module docs).
-            unsafe { by_rows!($imp, n_act, w_row.as_ptr(), acts.as_ptr(), nb, out) }
+            unsafe {
+                match n_act {
+                    1 => $imp::<1 $(, $gen)*>(w, a, nb, out),
+                    2 => $imp::<2 $(, $gen)*>(w, a, nb, out),
+                    3 => $imp::<3 $(, $gen)*>(w, a, nb, out),
+                    _ => $imp::<4 $(, $gen)*>(w, a, nb, out),
+                }
+            }
         }
     };
 }
@@ -214,293 +232,305 @@ macro_rules! f32_wrapper {
     ($name:ident, $imp:ident, $ty:expr) => {
         fn $name(w_row: &[u8], acts: &[f32], n_act: usize, out: &mut [f32; 4]) {
             let cols = check_f32($ty, w_row, acts, n_act);
-            // SAFETY: as for the Q8 wrappers: lengths checked, CPU features checked by
-            // the only caller of `kernel`.
+            // SAFETY: as for the quantized wrappers: lengths checked, CPU features checked
+            // by the only caller of `kernel`.
             unsafe { by_rows!($imp, n_act, w_row.as_ptr(), acts.as_ptr(), cols, out) }
         }
     };
 }
 
-q8_wrapper!(dot_q4_0, q4_0, GgmlType::Q4_0);
-q8_wrapper!(dot_q4_1, q4_1, GgmlType::Q4_1);
-q8_wrapper!(dot_q5_0, q5_0, GgmlType::Q5_0);
-q8_wrapper!(dot_q5_1, q5_1, GgmlType::Q5_1);
-q8_wrapper!(dot_q8_0, q8_0, GgmlType::Q8_0);
-q8_wrapper!(dot_q4_k, q4_k, GgmlType::Q4_K);
-q8_wrapper!(dot_q5_k, q5_k, GgmlType::Q5_K);
-q8_wrapper!(dot_q6_k, q6_k, GgmlType::Q6_K);
+q_wrapper!(dot_q4_0, BlockQ8, 32, q4_0; GgmlType::Q4_0);
+q_wrapper!(dot_q4_1, BlockQ8, 32, q4_1; GgmlType::Q4_1);
+q_wrapper!(dot_q5_0, BlockQ8, 32, q5_0; GgmlType::Q5_0);
+q_wrapper!(dot_q5_1, BlockQ8, 32, q5_1; GgmlType::Q5_1);
+q_wrapper!(dot_q8_0, BlockQ8, 32, q8_0; GgmlType::Q8_0);
+q_wrapper!(dot_q4_k, BlockQ8K, 256, k_min, false, VEC_DOT; GgmlType::Q4_K);
+q_wrapper!(dot_q4_k_tiled, BlockQ8K, 256, k_min, false, TILED; GgmlType::Q4_K);
+q_wrapper!(dot_q4_k_repack, BlockQ8K, 256, k_min, false, REPACK; GgmlType::Q4_K);
+q_wrapper!(dot_q5_k, BlockQ8K, 256, k_min, true, VEC_DOT; GgmlType::Q5_K);
+q_wrapper!(dot_q5_k_tiled, BlockQ8K, 256, k_min, true, TILED; GgmlType::Q5_K);
+q_wrapper!(dot_q6_k, BlockQ8K, 256, q6_k, false; GgmlType::Q6_K);
+q_wrapper!(dot_q6_k_tiled, BlockQ8K, 256, q6_k, true; GgmlType::Q6_K);
 f32_wrapper!(dot_f32, f32_rows, GgmlType::F32);
 f32_wrapper!(dot_f16, f16_rows, GgmlType::F16);
 f32_wrapper!(dot_bf16, bf16_rows, GgmlType::BF16);
 
 // ---------------------------------------------------------------------------------
-// Kernels. Safety contract shared by all: AVX2/FMA/F16C available; `w` points to the
-// `nb`-block (or `cols`-element) weight row; `a` points to `N * nb` activation blocks
-// (or `N * cols` floats), row `r` starting at `a + r * nb`; `out.len() >= N`.
+// 32-wide kernels. Safety contract shared by all kernels: AVX2/FMA/F16C available; `w`
+// points to the `nb`-block (or `cols`-element) weight row; `a` points to `N * nb`
+// activation blocks (or `N * cols` floats), row `r` starting at `a + r * nb`;
+// `out.len() >= N`.
 
-/// Per-row accumulators: the scaled integer dot products (8 lanes) and the float min
-/// terms of Q4_1/Q5_1/Q4_K/Q5_K. One chain per row is enough: a second one (even/odd
-/// blocks) measured no faster for one row and slower for four (register pressure).
-#[derive(Clone, Copy)]
-struct Acc<const N: usize> {
-    v: [__m256; N],
-    m: [f32; N],
-}
-
-impl<const N: usize> Acc<N> {
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn new() -> Self {
-        Self {
-            v: [_mm256_setzero_ps(); N],
-            m: [0.0; N],
-        }
-    }
-}
-
-/// Writes `sum(v) + m` for each row.
+/// `hsum8(acc[r])` for each row.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn finish<const N: usize>(acc: &Acc<N>, out: &mut [f32; 4]) {
-    for (r, o) in out.iter_mut().take(N).enumerate() {
-        *o = hsum_ps(acc.v[r]) + acc.m[r];
+fn finish<const N: usize>(acc: &[__m256; N], out: &mut [f32; 4]) {
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_ps(*acc);
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    for b in 0..nb {
-        // SAFETY: block b of a 34-byte-block row and activation block b of each row are
-        // in bounds by the contract above.
-        unsafe {
-            let x = w.add(34 * b);
-            let d = ld_f16(x);
-            let q = ld256(x.add(2));
-            let q_abs = _mm256_sign_epi8(q, q);
-            for r in 0..N {
-                let y = &*a.add(r * nb + b);
-                acc.v[r] = fma_block(dot_ss(q_abs, q, act(y)), d * y.d, acc.v[r]);
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    for b in 0..nb {
-        // SAFETY: block b (18 bytes) and activation block b of each row are in bounds.
-        unsafe {
-            let x = w.add(18 * b);
-            let d = ld_f16(x);
-            let q = _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8));
-            let q_abs = _mm256_sign_epi8(q, q);
-            for r in 0..N {
-                let y = &*a.add(r * nb + b);
-                acc.v[r] = fma_block(dot_ss(q_abs, q, act(y)), d * y.d, acc.v[r]);
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    for b in 0..nb {
-        // SAFETY: block b (20 bytes) and activation block b of each row are in bounds.
-        unsafe {
-            let x = w.add(20 * b);
-            let dm = ld_f16x2(x);
-            let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let q = nibbles32(x.add(4));
-            for r in 0..N {
-                let y = &*a.add(r * nb + b);
-                acc.v[r] = fma_block(dot_us(q, act(y)), d * y.d, acc.v[r]);
-                acc.m[r] += m * (y.d * block_sum(y));
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    for b in 0..nb {
-        // SAFETY: block b (22 bytes) and activation block b of each row are in bounds.
-        unsafe {
-            let x = w.add(22 * b);
-            let d = ld_f16(x);
-            let qh = u32::from_le(x.add(2).cast::<u32>().read_unaligned());
-            // q - 16 as a signed byte: where the fifth bit is clear, set the top four
-            // bits (nibble - 16 in two's complement); where it is set, the nibble alone
-            // is q - 16.
-            let hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xF0u8 as i8));
-            let q = _mm256_or_si256(nibbles32(x.add(6)), hi);
-            let q_abs = _mm256_sign_epi8(q, q);
-            for r in 0..N {
-                let y = &*a.add(r * nb + b);
-                acc.v[r] = fma_block(dot_ss(q_abs, q, act(y)), d * y.d, acc.v[r]);
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_1<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    for b in 0..nb {
-        // SAFETY: block b (24 bytes) and activation block b of each row are in bounds.
-        unsafe {
-            let x = w.add(24 * b);
-            let dm = ld_f16x2(x);
-            let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let qh = u32::from_le(x.add(4).cast::<u32>().read_unaligned());
-            let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-            let q = _mm256_or_si256(nibbles32(x.add(8)), hi);
-            for r in 0..N {
-                let y = &*a.add(r * nb + b);
-                acc.v[r] = fma_block(dot_us(q, act(y)), d * y.d, acc.v[r]);
-                acc.m[r] += m * (y.d * block_sum(y));
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-/// `s * v[j]` for eight small unsigned integers.
+/// `hsum8(acc[r]) + summs[r]` for each row (the Q8_1 formats).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn scale8(v: [u8; 8], s: f32) -> [f32; 8] {
-    let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
-        v,
-    ))));
-    let mut o = [0f32; 8];
-    // SAFETY: `o` holds 8 floats; the store is unaligned.
-    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(v, _mm256_set1_ps(s))) };
-    o
+fn finish_min<const N: usize>(acc: &[__m256; N], summs: &[f32; N], out: &mut [f32; 4]) {
+    for ((o, acc), m) in out.iter_mut().zip(acc).zip(summs) {
+        *o = hsum_ps(*acc) + m;
+    }
 }
 
-/// `d * sc[j]` and `dmin * m[j]` for the 8 sub-blocks of a Q4_K / Q5_K block.
-///
-/// # Safety
-/// `x` must point to a readable Q4_K / Q5_K block (header of 16 bytes).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn k4_scales(x: *const u8) -> ([f32; 8], [f32; 8]) {
-    // SAFETY: d, dmin and the 12 scale bytes are the first 16 bytes of the block.
-    let (dm, packed) = unsafe { (ld_f16x2(x), x.add(4).cast::<[u8; 12]>().read()) };
-    let (sc, m) = scales_mins_k4(&packed);
-    (
-        scale8(sc, _mm_cvtss_f32(dm)),
-        scale8(m, _mm_cvtss_f32(_mm_movehdup_ps(dm))),
+/// Signed-weight formats: `$load(x)` yields the block's weight scale and 32 signed
+/// weight bytes from block pointer `x`.
+macro_rules! signed_kernel {
+    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const N: usize>(
+            w: *const u8,
+            a: *const BlockQ8,
+            nb: usize,
+            out: &mut [f32; 4],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                // SAFETY: weight block b and activation block b of each row are in
+                // bounds by the contract above.
+                unsafe {
+                    let $x = w.add($bytes * b);
+                    let (d, q): (f32, __m256i) = $load;
+                    let q_abs = _mm256_sign_epi8(q, q);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let y = &*a.add(r * nb + b);
+                        *acc = fma_block(dot_ss(q_abs, q, act(y)), d * y.d, *acc);
+                    }
+                }
+            }
+            finish(&acc, out);
+        }
+    };
+}
+
+signed_kernel!(q8_0, 34, |x| (ld_f16(x), ld256(x.add(2))));
+signed_kernel!(q4_0, 18, |x| (
+    ld_f16(x),
+    _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8))
+));
+// q - 16 as a signed byte: where the fifth bit is clear, set the top four bits (nibble -
+// 16 in two's complement); where it is set, the nibble alone is q - 16.
+signed_kernel!(q5_0, 22, |x| (
+    ld_f16(x),
+    _mm256_or_si256(
+        nibbles32(x.add(6)),
+        _mm256_andnot_si256(
+            bits_to_bytes(u32::from_le(x.add(2).cast::<u32>().read_unaligned())),
+            _mm256_set1_epi8(0xF0u8 as i8)
+        )
     )
+));
+
+/// Weight-plus-min formats (Q8_1 activations): `$load(x)` yields `(d, m)` and the 32
+/// unsigned weight bytes.
+macro_rules! min_kernel {
+    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const N: usize>(
+            w: *const u8,
+            a: *const BlockQ8,
+            nb: usize,
+            out: &mut [f32; 4],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut summs = [0f32; N];
+            for b in 0..nb {
+                // SAFETY: weight block b and activation block b of each row are in
+                // bounds by the contract above.
+                unsafe {
+                    let $x = w.add($bytes * b);
+                    let dm = ld_f16x2($x);
+                    let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+                    let q: __m256i = $load;
+                    for r in 0..N {
+                        let y = &*a.add(r * nb + b);
+                        summs[r] = m.mul_add(y.s, summs[r]);
+                        acc[r] = fma_block(dot_us(q, act(y)), d * y.d, acc[r]);
+                    }
+                }
+            }
+            finish_min(&acc, &summs, out);
+        }
+    };
 }
 
-/// One 32-element sub-block `j` of a Q4_K / Q5_K super-block against activation block
-/// `b` of each row: `dsc * d_a * dot(q, a) - dm * d_a * sum(a)`.
+min_kernel!(q4_1, 20, |x| nibbles32(x.add(4)));
+min_kernel!(q5_1, 24, |x| _mm256_or_si256(
+    nibbles32(x.add(8)),
+    _mm256_and_si256(
+        bits_to_bytes(u32::from_le(x.add(4).cast::<u32>().read_unaligned())),
+        _mm256_set1_epi8(0x10)
+    )
+));
+
+// ---------------------------------------------------------------------------------
+// K-quants.
+
+/// `MODE` of [`k_min`]: which llama.cpp path (see `quant::KPath`).
+const VEC_DOT: u8 = 0;
+const TILED: u8 = 1;
+const REPACK: u8 = 2;
+
+/// Q4_K (`FIVE == false`) and Q5_K (`FIVE == true`): scale-and-min K-quants.
 ///
-/// # Safety
-/// Activation block `b` of each of the `N` rows (stride `nb`) must be in bounds.
+/// Per super-block and row it forms, in integers, the four pair vectors
+/// `P[c] = madd(maddubs(q[2c], a[2c]), sc[2c]) + madd(maddubs(q[2c+1], a[2c+1]), sc[2c+1])`
+/// and the four min lanes `M[t] = m[2t] * B[2t] + m[2t+1] * B[2t+1]`, then applies the
+/// float arithmetic of the path (see `dot_scalar`): vec_dot keeps the eight lanes of
+/// `sum(P)`, the others reduce to integers first.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn k4_sub_block<const N: usize>(
-    q: __m256i,
-    dsc: f32,
-    dm: f32,
-    a: *const BlockQ8,
+unsafe fn k_min<const N: usize, const FIVE: bool, const MODE: u8>(
+    w: *const u8,
+    a: *const BlockQ8K,
     nb: usize,
-    b: usize,
-    acc: &mut Acc<N>,
+    out: &mut [f32; 4],
 ) {
+    let bb = if FIVE { 176 } else { 144 };
+    let qs_off = if FIVE { 48 } else { 16 };
+    let low = _mm256_set1_epi8(0x0F);
+    let gemm4 = MODE == REPACK && N == 4;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    let mut acc_s = [0f32; N];
+    let mut summs = [0f32; N];
+    for sb in 0..nb {
+        // SAFETY: super-block sb of the weight row and activation block sb of each row
+        // are in bounds by the contract above.
+        unsafe {
+            let x = w.add(bb * sb);
+            let dm = ld_f16x2(x);
+            let (d_x, dmin_x) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+            let (sc, m) = scales_mins_k4(&x.add(4).cast::<[u8; 12]>().read());
+            let mins16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(m)));
+            let mut qh = if FIVE {
+                ld256(x.add(16))
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut pairs = [[_mm256_setzero_si256(); 4]; N];
+            for c in 0..4 {
+                let raw = ld256(x.add(qs_off + 32 * c));
+                let mut lo = _mm256_and_si256(raw, low);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+                if FIVE {
+                    // Sub-block j's fifth bits are bit j of each qh byte; shifting by 2
+                    // per chunk keeps the pair for chunk c in bits 0 and 1.
+                    let one = _mm256_set1_epi8(1);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(qh, one)));
+                    let two = _mm256_set1_epi8(2);
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(qh, two)));
+                    qh = _mm256_srli_epi16::<2>(qh);
+                }
+                let sc_lo = _mm256_set1_epi16(sc[2 * c] as i16);
+                let sc_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+                for (r, pairs) in pairs.iter_mut().enumerate() {
+                    let y = &*a.add(r * nb + sb);
+                    let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, act_k(y, 2 * c)), sc_lo);
+                    let p_hi =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(hi, act_k(y, 2 * c + 1)), sc_hi);
+                    pairs[c] = _mm256_add_epi32(p_lo, p_hi);
+                }
+            }
+            for r in 0..N {
+                let y = &*a.add(r * nb + sb);
+                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+                let q8s = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bsums),
+                    _mm256_extracti128_si256::<1>(bsums),
+                );
+                let prod = _mm_madd_epi16(mins16, q8s);
+                let p = &pairs[r];
+                let sumi =
+                    _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
+                if MODE == VEC_DOT {
+                    let d = y.d * d_x;
+                    let dmin = -y.d * dmin_x;
+                    if FIVE {
+                        let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+                        summs[r] = (_mm_cvtsi128_si32(s) as f32).mul_add(dmin, summs[r]);
+                    } else {
+                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+                    }
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                } else if MODE == TILED {
+                    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                    let s2 = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)));
+                    let s1 = hsum_epi32(sumi);
+                    let res = (-dmin_x).mul_add(s2 as f32, d_x * s1 as f32);
+                    acc_s[r] = res.mul_add(y.d, acc_s[r]);
+                } else if gemm4 {
+                    let ds = d_x * y.d;
+                    let dms = dmin_x * y.d;
+                    // The four pair totals: hadd within 128-bit halves, then add halves.
+                    let h = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(p[0], p[1]),
+                        _mm256_hadd_epi32(p[2], p[3]),
+                    );
+                    let i4 =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    let mut iv = [0i32; 4];
+                    let mut mv = [0i32; 4];
+                    _mm_storeu_si128(iv.as_mut_ptr().cast(), i4);
+                    _mm_storeu_si128(mv.as_mut_ptr().cast(), prod);
+                    for c in 0..4 {
+                        acc_s[r] = (iv[c] as f32).mul_add(ds, acc_s[r]);
+                        summs[r] = (mv[c] as f32).mul_add(dms, summs[r]);
+                    }
+                } else {
+                    let ds = d_x * y.d;
+                    let dms = dmin_x * y.d;
+                    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                    let mins = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)));
+                    acc_s[r] = (hsum_epi32(sumi) as f32).mul_add(ds, acc_s[r]);
+                    summs[r] = (mins as f32).mul_add(dms, summs[r]);
+                }
+            }
+        }
+    }
     for r in 0..N {
-        // SAFETY: in bounds by the caller's contract.
-        let y = unsafe { &*a.add(r * nb + b) };
-        acc.v[r] = fma_block(dot_us(q, act(y)), dsc * y.d, acc.v[r]);
-        acc.m[r] -= dm * (y.d * block_sum(y));
+        out[r] = match MODE {
+            VEC_DOT if FIVE => hsum_ps(acc[r]) + summs[r],
+            VEC_DOT => hsum_ps(acc[r]) + hsum_ps4(acc_m[r]),
+            TILED => acc_s[r],
+            _ => acc_s[r] - summs[r],
+        };
     }
 }
 
+/// Q6_K: ggml's vec_dot lanes (unsigned 6-bit weights, scales per 16, the -32 offset
+/// subtracted as `32 * madd(bsums, scales)`), then either the vec_dot float arithmetic
+/// or, for `TILED_PATH`, the tiled matmul's on the exact integer total.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
+unsafe fn q6_k<const N: usize, const TILED_PATH: bool>(
+    w: *const u8,
+    a: *const BlockQ8K,
+    nb: usize,
+    out: &mut [f32; 4],
+) {
     let low = _mm256_set1_epi8(0x0F);
-    for sb in 0..nb / 8 {
-        // SAFETY: super-block sb (144 bytes) and activation blocks 8sb..8sb+8 of each
-        // row are in bounds.
-        unsafe {
-            let x = w.add(144 * sb);
-            let (dsc, dm) = k4_scales(x);
-            for c in 0..4 {
-                let raw = ld256(x.add(16 + 32 * c));
-                let lo = _mm256_and_si256(raw, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-                let j = 2 * c;
-                k4_sub_block(lo, dsc[j], dm[j], a, nb, 8 * sb + j, &mut acc);
-                k4_sub_block(hi, dsc[j + 1], dm[j + 1], a, nb, 8 * sb + j + 1, &mut acc);
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_k<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    let low = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let two = _mm256_set1_epi8(2);
-    for sb in 0..nb / 8 {
-        // SAFETY: super-block sb (176 bytes) and activation blocks 8sb..8sb+8 of each
-        // row are in bounds.
-        unsafe {
-            let x = w.add(176 * sb);
-            let (dsc, dm) = k4_scales(x);
-            // Sub-block j's fifth bits are bit j of each qh byte; shifting by 2 per chunk
-            // keeps the pair for chunk c in bits 0 and 1.
-            let mut qh = ld256(x.add(16));
-            for c in 0..4 {
-                let raw = ld256(x.add(48 + 32 * c));
-                let lo = _mm256_or_si256(
-                    _mm256_and_si256(raw, low),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, one)),
-                );
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
-                    _mm256_slli_epi16::<3>(_mm256_and_si256(qh, two)),
-                );
-                qh = _mm256_srli_epi16::<2>(qh);
-                let j = 2 * c;
-                k4_sub_block(lo, dsc[j], dm[j], a, nb, 8 * sb + j, &mut acc);
-                k4_sub_block(hi, dsc[j + 1], dm[j + 1], a, nb, 8 * sb + j + 1, &mut acc);
-            }
-        }
-    }
-    finish(&acc, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
-    let mut acc = Acc::<N>::new();
-    let low = _mm256_set1_epi8(0x0F);
-    let m32 = _mm256_set1_epi8(32);
-    for sb in 0..nb / 8 {
-        // SAFETY: super-block sb (210 bytes) and activation blocks 8sb..8sb+8 of each
-        // row are in bounds.
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_s = [0f32; N];
+    for sb in 0..nb {
+        // SAFETY: super-block sb (210 bytes) and activation block sb of each row are in
+        // bounds by the contract above.
         unsafe {
             let x = w.add(210 * sb);
-            let d = ld_f16(x.add(208));
+            let d_x = ld_f16(x.add(208));
             let scales = _mm_loadu_si128(x.add(192).cast());
+            let mut sumi = [_mm256_setzero_si256(); N];
             for n in 0..2 {
                 let ql0 = ld256(x.add(64 * n));
                 let ql1 = ld256(x.add(64 * n + 32));
                 let qh = ld256(x.add(128 + 32 * n));
-                // The four 32-element sub-blocks of this half, 6-bit unsigned; the
-                // qh masks keep shifted bits inside their byte.
+                // The four 32-element sub-blocks of this half, 6-bit unsigned; the qh
+                // masks keep shifted bits inside their byte.
                 let q = [
                     _mm256_or_si256(
                         _mm256_and_si256(ql0, low),
@@ -523,25 +553,46 @@ unsafe fn q6_k<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: 
                     ),
                 ];
                 for (p, &q) in q.iter().enumerate() {
-                    let k = 4 * n + p;
-                    let q = _mm256_sub_epi8(q, m32);
-                    let q_abs = _mm256_sign_epi8(q, q);
-                    // i16 scales: sc[2k] for the first 16 elements, sc[2k+1] for the rest.
+                    let b = 4 * n + p;
+                    // i16 scales: sc[2b] for the first 16 elements, sc[2b+1] for the rest.
                     let shuf = _mm_set_epi64x(
-                        0x0101_0101_0101_0101 * (2 * k as i64 + 1),
-                        0x0101_0101_0101_0101 * (2 * k as i64),
+                        0x0101_0101_0101_0101 * (2 * b as i64 + 1),
+                        0x0101_0101_0101_0101 * (2 * b as i64),
                     );
                     let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
-                    for r in 0..N {
-                        let y = &*a.add(r * nb + 8 * sb + k);
-                        let s16 = _mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(act(y), q));
-                        acc.v[r] = fma_block(_mm256_madd_epi16(s16, sc), d * y.d, acc.v[r]);
+                    for (r, sumi) in sumi.iter_mut().enumerate() {
+                        let y = &*a.add(r * nb + sb);
+                        let p16 = _mm256_maddubs_epi16(q, act_k(y, b));
+                        *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(sc, p16));
                     }
+                }
+            }
+            let scales16 = _mm256_cvtepi8_epi16(scales);
+            for (r, sumi) in sumi.iter().enumerate() {
+                let y = &*a.add(r * nb + sb);
+                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, scales16));
+                let lanes = _mm256_sub_epi32(*sumi, corr);
+                if TILED_PATH {
+                    let res = d_x * hsum_epi32(lanes) as f32;
+                    acc_s[r] = res.mul_add(y.d, acc_s[r]);
+                } else {
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(y.d * d_x),
+                        _mm256_cvtepi32_ps(lanes),
+                        acc[r],
+                    );
                 }
             }
         }
     }
-    finish(&acc, out);
+    for r in 0..N {
+        out[r] = if TILED_PATH {
+            acc_s[r]
+        } else {
+            hsum_ps(acc[r])
+        };
+    }
 }
 
 /// Shared body of the float kernels: `$load` yields weights `$i..$i+8` as f32 from

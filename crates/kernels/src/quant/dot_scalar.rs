@@ -1,32 +1,39 @@
 //! Portable reference dot products: one weight row against up to four activation rows.
 //!
-//! These define the numbers every SIMD twin must reproduce (up to float summation
-//! order) and are the production path on CPUs without AVX2. For each 32-element
-//! activation block the integer dot product is formed exactly, the weight format's
-//! integer offset or float min is folded in through [`BlockQ8::sums`], and only then
-//! is the block scaled and summed in f32. The arithmetic follows the scalar
-//! `ggml_vec_dot_*_q8_*` functions of ggml-cpu/quants.c, with ggml's Q8_1 / Q8_K
-//! activation blocks replaced by [`BlockQ8`] (one scale per 32 values).
+//! These define the bits every SIMD twin must reproduce, and they reproduce llama.cpp's
+//! x86 AVX2 kernels (see `quant::dot_kernel_for` for which llama.cpp path each one
+//! follows): the same exact integer partial sums grouped the same way (llama.cpp keeps
+//! eight i32 "lanes" per block, lane `k` holding elements `4k..4k+4` of each 32-element
+//! chunk), the same float operations on them in the same order, with fused
+//! multiply-adds exactly where llama.cpp's compiled code has them (`f32::mul_add`),
+//! and the same horizontal reduction ([`hsum8`]). They are also the production path on
+//! CPUs without AVX2, where `mul_add` is a libm call: slower, but the same bits.
 
 use super::blocks::*;
-use super::{BlockQ8, GgmlType};
+use super::{BlockQ8, BlockQ8K, GgmlType};
 
-/// Validates the shapes shared by every Q8 kernel; returns activation blocks per row.
+/// Validates the shapes shared by every quantized kernel; returns activation blocks per
+/// row (`act_elems` values each).
 #[inline(always)]
-pub(super) fn check_q8(ty: GgmlType, w_row: &[u8], acts: &[BlockQ8], n_act: usize) -> usize {
+pub(super) fn check_q(
+    ty: GgmlType,
+    w_row: &[u8],
+    n_blocks: usize,
+    act_elems: usize,
+    n_act: usize,
+) -> usize {
     assert!((1..=4).contains(&n_act), "n_act must be 1..=4, got {n_act}");
     assert!(
-        acts.len().is_multiple_of(n_act),
-        "{} activation blocks do not split into {n_act} rows",
-        acts.len()
+        n_blocks.is_multiple_of(n_act),
+        "{n_blocks} activation blocks do not split into {n_act} rows"
     );
-    let nb = acts.len() / n_act;
+    let nb = n_blocks / n_act;
     assert!(
-        ty.row_bytes(nb * 32) == Some(w_row.len()),
+        ty.row_bytes(nb * act_elems) == Some(w_row.len()),
         "{} weight row of {} bytes does not match {} activation columns",
         ty.name(),
         w_row.len(),
-        nb * 32
+        nb * act_elems
     );
     nb
 }
@@ -52,44 +59,55 @@ pub(super) fn check_f32(ty: GgmlType, w_row: &[u8], acts: &[f32], n_act: usize) 
 
 /// Runs a one-row kernel over each activation row.
 #[inline(always)]
-fn each_row<B: RawBlock>(
+fn each_row<B: RawBlock, A>(
     w_row: &[u8],
-    acts: &[BlockQ8],
+    acts: &[A],
+    act_elems: usize,
     n_act: usize,
     out: &mut [f32; 4],
-    row: impl Fn(&[B], &[BlockQ8]) -> f32,
+    row: impl Fn(&[B], &[A]) -> f32,
 ) {
-    let nb = check_q8(B::TYPE, w_row, acts, n_act);
+    let nb = check_q(B::TYPE, w_row, acts.len(), act_elems, n_act);
     let w = as_blocks::<B>(w_row);
     for (r, o) in out.iter_mut().take(n_act).enumerate() {
         *o = row(w, &acts[r * nb..(r + 1) * nb]);
     }
 }
 
-/// Exact integer dot product of 16 weights with 16 activations. Weights are unpacked
-/// to bytes first (all formats fit in `i8` once their offset is left out) because a
-/// plain sum of widened byte products is a shape LLVM vectorizes on any baseline;
-/// unpacking inside the sum left it scalar and ~5x slower.
+/// ggml's `hsum_float_8`: `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
 #[inline(always)]
-fn dot16(w: &[i8], a: &[i8]) -> i32 {
-    let (w, a) = (&w[..16], &a[..16]);
-    let mut s = 0i32;
-    for i in 0..16 {
-        s += (w[i] as i16 * a[i] as i16) as i32;
+pub(super) fn hsum8(a: [f32; 8]) -> f32 {
+    let s: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// The four-lane reduction of ggml's K-quant kernels: `(a0 + a2) + (a1 + a3)`.
+#[inline(always)]
+fn hsum4(a: [f32; 4]) -> f32 {
+    (a[0] + a[2]) + (a[1] + a[3])
+}
+
+/// The eight lanes `sum(w[e] * a[e] for e in 4k..4k+4)` of a 32-element chunk, as
+/// `maddubs` + `madd(1)` leave them. Weights are unpacked to bytes first because a sum
+/// of widened byte products is a shape LLVM vectorizes on any baseline.
+#[inline(always)]
+fn lanes(w: &[i8; 32], a: &[i8]) -> [i32; 8] {
+    let a = &a[..32];
+    let mut l = [0i32; 8];
+    for (k, l) in l.iter_mut().enumerate() {
+        for e in 4 * k..4 * k + 4 {
+            *l += w[e] as i32 * a[e] as i32;
+        }
     }
-    s
+    l
 }
 
-/// The integer dot products of the two 16-element halves of a block.
+/// `acc[k] = fma(l[k], s, acc[k])` on each lane.
 #[inline(always)]
-fn dot_halves(w: &[i8; 32], a: &[i8; 32]) -> [i32; 2] {
-    [dot16(&w[..16], &a[..16]), dot16(&w[16..], &a[16..])]
-}
-
-#[inline(always)]
-fn dot32(w: &[i8; 32], a: &[i8; 32]) -> i32 {
-    let [lo, hi] = dot_halves(w, a);
-    lo + hi
+fn fma_lanes(acc: &mut [f32; 8], l: [i32; 8], s: f32) {
+    for (acc, l) in acc.iter_mut().zip(l) {
+        *acc = (l as f32).mul_add(s, *acc);
+    }
 }
 
 /// The 32 nibbles of a Q4_0 / Q4_1 block in element order.
@@ -115,63 +133,80 @@ fn fives(qs: &[u8; 16], qh: [u8; 4]) -> [i8; 32] {
 }
 
 #[inline(always)]
-fn block_sum(y: &BlockQ8) -> i32 {
-    y.sums[0] as i32 + y.sums[1] as i32
+fn minus(mut q: [i8; 32], off: i8) -> [i8; 32] {
+    for q in q.iter_mut() {
+        *q -= off;
+    }
+    q
+}
+
+// ---------------------------------------------------------------------------------
+// 32-wide formats. `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` and the llamafile sgemm
+// (`tinyBLAS_Q0_AVX`) agree: per block `acc = fma(d_w * d_a, lanes, acc)`, then
+// `hsum8(acc)`. The Q8_1 pair adds `summs = fma(m, s_a, summs)` per block and returns
+// `hsum8(acc) + summs`.
+
+/// The signed-weight kernels: `q` gives a block's 32 weights (offset removed).
+#[inline(always)]
+fn signed_row<B>(w: &[B], a: &[BlockQ8], d: impl Fn(&B) -> f32, q: impl Fn(&B) -> [i8; 32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in w.iter().zip(a) {
+        fma_lanes(&mut acc, lanes(&q(x), &y.qs), d(x) * y.d);
+    }
+    hsum8(acc)
+}
+
+/// The weight-plus-min kernels: `q` gives a block's 32 unsigned weights.
+#[inline(always)]
+fn min_row<B>(
+    w: &[B],
+    a: &[BlockQ8],
+    dm: impl Fn(&B) -> (f32, f32),
+    q: impl Fn(&B) -> [i8; 32],
+) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let (d, m) = dm(x);
+        summs = m.mul_add(y.s, summs);
+        fma_lanes(&mut acc, lanes(&q(x), &y.qs), d * y.d);
+    }
+    hsum8(acc) + summs
 }
 
 pub fn dot_q4_0(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ4_0], a| {
-        let mut sum = 0f32;
-        for (x, y) in w.iter().zip(a) {
-            let q = dot32(&nibbles(&x.qs), &y.qs) - 8 * block_sum(y);
-            sum += f16_le(x.d) * y.d * q as f32;
-        }
-        sum
+    each_row(w_row, acts, 32, n_act, out, |w: &[BlockQ4_0], a| {
+        signed_row(w, a, |x| f16_le(x.d), |x| minus(nibbles(&x.qs), 8))
     })
 }
 
 pub fn dot_q4_1(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ4_1], a| {
-        let mut sum = 0f32;
-        for (x, y) in w.iter().zip(a) {
-            let q = dot32(&nibbles(&x.qs), &y.qs);
-            sum += f16_le(x.d) * y.d * q as f32 + f16_le(x.m) * (y.d * block_sum(y) as f32);
-        }
-        sum
+    each_row(w_row, acts, 32, n_act, out, |w: &[BlockQ4_1], a| {
+        min_row(w, a, |x| (f16_le(x.d), f16_le(x.m)), |x| nibbles(&x.qs))
     })
 }
 
 pub fn dot_q5_0(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ5_0], a| {
-        let mut sum = 0f32;
-        for (x, y) in w.iter().zip(a) {
-            let q = dot32(&fives(&x.qs, x.qh), &y.qs) - 16 * block_sum(y);
-            sum += f16_le(x.d) * y.d * q as f32;
-        }
-        sum
+    each_row(w_row, acts, 32, n_act, out, |w: &[BlockQ5_0], a| {
+        signed_row(w, a, |x| f16_le(x.d), |x| minus(fives(&x.qs, x.qh), 16))
     })
 }
 
 pub fn dot_q5_1(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ5_1], a| {
-        let mut sum = 0f32;
-        for (x, y) in w.iter().zip(a) {
-            let q = dot32(&fives(&x.qs, x.qh), &y.qs);
-            sum += f16_le(x.d) * y.d * q as f32 + f16_le(x.m) * (y.d * block_sum(y) as f32);
-        }
-        sum
+    each_row(w_row, acts, 32, n_act, out, |w: &[BlockQ5_1], a| {
+        min_row(w, a, |x| (f16_le(x.d), f16_le(x.m)), |x| fives(&x.qs, x.qh))
     })
 }
 
 pub fn dot_q8_0(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ8_0], a| {
-        let mut sum = 0f32;
-        for (x, y) in w.iter().zip(a) {
-            sum += f16_le(x.d) * y.d * dot32(&x.qs, &y.qs) as f32;
-        }
-        sum
+    each_row(w_row, acts, 32, n_act, out, |w: &[BlockQ8_0], a| {
+        signed_row(w, a, |x| f16_le(x.d), |x| x.qs)
     })
 }
+
+// ---------------------------------------------------------------------------------
+// K-quants. `D[j]` is the exact dot product of 32-element sub-block j, `B[j]` the sum
+// of its activations (`bsums[2j] + bsums[2j + 1]`).
 
 /// Sub-block `j` (32 values) of a Q4_K / Q5_K block, low 4 bits only.
 #[inline(always)]
@@ -185,62 +220,225 @@ fn k4_nibbles(qs: &[u8; 128], j: usize) -> [i8; 32] {
     q
 }
 
-pub fn dot_q4_k(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ4K], a| {
-        let mut sum = 0f32;
-        for (x, ys) in w.iter().zip(a.chunks_exact(8)) {
-            let (d, dmin) = (f16_le(x.d), f16_le(x.dmin));
-            for (j, y) in ys.iter().enumerate() {
-                let (sc, m) = scale_min_k4(j, &x.scales);
-                let q = dot32(&k4_nibbles(&x.qs, j), &y.qs);
-                sum +=
-                    d * sc as f32 * y.d * q as f32 - dmin * m as f32 * (y.d * block_sum(y) as f32);
-            }
+/// Sub-block `j` of a Q5_K block.
+#[inline(always)]
+fn k5_values(x: &BlockQ5K, j: usize) -> [i8; 32] {
+    let mut q = k4_nibbles(&x.qs, j);
+    for (q, &h) in q.iter_mut().zip(&x.qh) {
+        *q |= (((h >> j) & 1) << 4) as i8;
+    }
+    q
+}
+
+/// Sub-block `b` (32 values, 0..64 before the -32 offset) of a Q6_K block.
+#[inline(always)]
+fn k6_values(x: &BlockQ6K, b: usize) -> [i8; 32] {
+    std::array::from_fn(|l| super::dequant::q6_value(x, b / 4, b % 4, l) as i8)
+}
+
+#[inline(always)]
+fn sub_block_sums(y: &BlockQ8K) -> [i32; 8] {
+    std::array::from_fn(|j| y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32)
+}
+
+/// Per-super-block integer pieces of a Q4_K / Q5_K product, shared by the kernels
+/// below: eight lanes of `sum_j sc[j] * lanes(sub-block j)` as ggml's vec_dot keeps
+/// them, the sub-block dot products `D`, and the scales and mins.
+struct KMin {
+    lanes: [i32; 8],
+    dots: [i32; 8],
+    sc: [u8; 8],
+    m: [u8; 8],
+}
+
+#[inline(always)]
+fn k_min_parts(scales: &[u8; 12], y: &BlockQ8K, q: impl Fn(usize) -> [i8; 32]) -> KMin {
+    let (sc, m) = scales_mins_k4(scales);
+    let mut acc = [0i32; 8];
+    let mut dots = [0i32; 8];
+    for (j, dot) in dots.iter_mut().enumerate() {
+        let l = lanes(&q(j), &y.qs[32 * j..]);
+        for k in 0..8 {
+            acc[k] += sc[j] as i32 * l[k];
         }
-        sum
+        *dot = l.iter().sum();
+    }
+    KMin {
+        lanes: acc,
+        dots,
+        sc,
+        m,
+    }
+}
+
+/// `ggml_vec_dot_q4_K_q8_K` (AVX2): lanes scaled by `y.d * d` per super-block; the mins
+/// in four lanes `m[2t] * B[2t] + m[2t + 1] * B[2t + 1]` scaled by `-y.d * dmin`.
+#[inline(always)]
+fn q4_k_vec_dot_row(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
+    for (x, y) in w.iter().zip(a) {
+        let d = y.d * f16_le(x.d);
+        let dmin = -y.d * f16_le(x.dmin);
+        let p = k_min_parts(&x.scales, y, |j| k4_nibbles(&x.qs, j));
+        let bs = sub_block_sums(y);
+        for (t, acc_m) in acc_m.iter_mut().enumerate() {
+            let prod = p.m[2 * t] as i32 * bs[2 * t] + p.m[2 * t + 1] as i32 * bs[2 * t + 1];
+            *acc_m = dmin.mul_add(prod as f32, *acc_m);
+        }
+        fma_lanes(&mut acc, p.lanes, d);
+    }
+    hsum8(acc) + hsum4(acc_m)
+}
+
+/// `ggml_vec_dot_q5_K_q8_K` (AVX2): as Q4_K but the mins are reduced to one integer per
+/// super-block and accumulated in a scalar.
+#[inline(always)]
+fn q5_k_vec_dot_row(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let d = y.d * f16_le(x.d);
+        let dmin = -y.d * f16_le(x.dmin);
+        let p = k_min_parts(&x.scales, y, |j| k5_values(x, j));
+        let bs = sub_block_sums(y);
+        let mins: i32 = (0..8).map(|j| p.m[j] as i32 * bs[j]).sum();
+        summs = (mins as f32).mul_add(dmin, summs);
+        fma_lanes(&mut acc, p.lanes, d);
+    }
+    hsum8(acc) + summs
+}
+
+/// The tiled K-quant matmul (`tiled_run_microtile_avx2`, scale-and-min formats): per
+/// super-block `res = fma(-dmin, sum(m * B), d * sum(sc * D))`, `acc = fma(res, y.d, acc)`.
+#[inline(always)]
+fn k_min_tiled_row<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    parts: impl Fn(&B, &BlockQ8K) -> (KMin, f32, f32),
+) -> f32 {
+    let mut acc = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let (p, d, dmin) = parts(x, y);
+        let bs = sub_block_sums(y);
+        let s1: i32 = (0..8).map(|j| p.sc[j] as i32 * p.dots[j]).sum();
+        let s2: i32 = (0..8).map(|j| p.m[j] as i32 * bs[j]).sum();
+        let res = (-dmin).mul_add(s2 as f32, d * s1 as f32);
+        acc = res.mul_add(y.d, acc);
+    }
+    acc
+}
+
+/// The repacked `q4_K_8x8` kernels. gemv (`gemm4 == false`): per super-block
+/// `acc = fma(sum(sc * D), d * y.d, acc)`, `acc_m = fma(sum(m * B), dmin * y.d, acc_m)`.
+/// gemm: the same per pair of sub-blocks. Result `acc - acc_m`.
+#[inline(always)]
+fn q4_k_repack_row(w: &[BlockQ4K], a: &[BlockQ8K], gemm4: bool) -> f32 {
+    let mut acc = 0f32;
+    let mut acc_m = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let ds = f16_le(x.d) * y.d;
+        let dms = f16_le(x.dmin) * y.d;
+        let p = k_min_parts(&x.scales, y, |j| k4_nibbles(&x.qs, j));
+        let bs = sub_block_sums(y);
+        let i: [i32; 8] = std::array::from_fn(|j| p.sc[j] as i32 * p.dots[j]);
+        let m: [i32; 8] = std::array::from_fn(|j| p.m[j] as i32 * bs[j]);
+        if gemm4 {
+            for pair in 0..4 {
+                let (i, m) = (i[2 * pair] + i[2 * pair + 1], m[2 * pair] + m[2 * pair + 1]);
+                acc = (i as f32).mul_add(ds, acc);
+                acc_m = (m as f32).mul_add(dms, acc_m);
+            }
+        } else {
+            acc = (i.iter().sum::<i32>() as f32).mul_add(ds, acc);
+            acc_m = (m.iter().sum::<i32>() as f32).mul_add(dms, acc_m);
+        }
+    }
+    acc - acc_m
+}
+
+pub fn dot_q4_k(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, q4_k_vec_dot_row)
+}
+
+pub fn dot_q4_k_tiled(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ4K], a| {
+        k_min_tiled_row(w, a, |x, y| {
+            let p = k_min_parts(&x.scales, y, |j| k4_nibbles(&x.qs, j));
+            (p, f16_le(x.d), f16_le(x.dmin))
+        })
     })
 }
 
-pub fn dot_q5_k(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ5K], a| {
-        let mut sum = 0f32;
-        for (x, ys) in w.iter().zip(a.chunks_exact(8)) {
-            let (d, dmin) = (f16_le(x.d), f16_le(x.dmin));
-            for (j, y) in ys.iter().enumerate() {
-                let (sc, m) = scale_min_k4(j, &x.scales);
-                let mut q = k4_nibbles(&x.qs, j);
-                for (q, &h) in q.iter_mut().zip(&x.qh) {
-                    *q |= (((h >> j) & 1) << 4) as i8;
-                }
-                let q = dot32(&q, &y.qs);
-                sum +=
-                    d * sc as f32 * y.d * q as f32 - dmin * m as f32 * (y.d * block_sum(y) as f32);
-            }
-        }
-        sum
+/// `n_act == 4` is one gemm group; anything else runs row by row through the gemv.
+pub fn dot_q4_k_repack(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ4K], a| {
+        q4_k_repack_row(w, a, n_act == 4)
     })
 }
 
-pub fn dot_q6_k(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, n_act, out, |w: &[BlockQ6K], a| {
-        let mut sum = 0f32;
-        for (x, ys) in w.iter().zip(a.chunks_exact(8)) {
-            let d = f16_le(x.d);
-            for (k, y) in ys.iter().enumerate() {
-                let mut q = [0i8; 32];
-                for (l, q) in q.iter_mut().enumerate() {
-                    *q = super::dequant::q6_value(x, k / 4, k % 4, l) as i8;
-                }
-                let h = dot_halves(&q, &y.qs);
-                // Scales apply per 16 elements, so the -32 offset is folded per half.
-                let q = x.scales[2 * k] as i32 * (h[0] - 32 * y.sums[0] as i32)
-                    + x.scales[2 * k + 1] as i32 * (h[1] - 32 * y.sums[1] as i32);
-                sum += d * y.d * q as f32;
-            }
-        }
-        sum
+pub fn dot_q5_k(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, q5_k_vec_dot_row)
+}
+
+pub fn dot_q5_k_tiled(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ5K], a| {
+        k_min_tiled_row(w, a, |x, y| {
+            let p = k_min_parts(&x.scales, y, |j| k5_values(x, j));
+            (p, f16_le(x.d), f16_le(x.dmin))
+        })
     })
 }
+
+/// The eight integer lanes of `ggml_vec_dot_q6_K_q8_K` for one super-block: lane `k`
+/// sums, over the eight 32-element sub-blocks `b`, `sc[2b + k / 4]` times the products
+/// of elements `4k..4k+4` (unsigned 6-bit weights), minus the offset correction
+/// `32 * (bsums[2k] * sc[2k] + bsums[2k + 1] * sc[2k + 1])`, which ggml lays out over
+/// the lanes that way although it belongs to other elements. The lanes' total is the
+/// exact dot product with the -32 offset applied.
+#[inline(always)]
+fn q6_k_lanes(x: &BlockQ6K, y: &BlockQ8K) -> [i32; 8] {
+    let mut acc = [0i32; 8];
+    for b in 0..8 {
+        let l = lanes(&k6_values(x, b), &y.qs[32 * b..]);
+        for k in 0..8 {
+            acc[k] += x.scales[2 * b + k / 4] as i32 * l[k];
+        }
+    }
+    for (k, acc) in acc.iter_mut().enumerate() {
+        let corr = y.bsums[2 * k] as i32 * x.scales[2 * k] as i32
+            + y.bsums[2 * k + 1] as i32 * x.scales[2 * k + 1] as i32;
+        *acc -= corr << 5;
+    }
+    acc
+}
+
+/// `ggml_vec_dot_q6_K_q8_K` (AVX2): `acc = fma(y.d * d, lanes, acc)`, then `hsum8`.
+pub fn dot_q6_k(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ6K], a| {
+        let mut acc = [0f32; 8];
+        for (x, y) in w.iter().zip(a) {
+            fma_lanes(&mut acc, q6_k_lanes(x, y), y.d * f16_le(x.d));
+        }
+        hsum8(acc)
+    })
+}
+
+/// The tiled matmul on Q6_K: per super-block `acc = fma(d * S, y.d, acc)` with `S` the
+/// exact integer dot product.
+pub fn dot_q6_k_tiled(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
+    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ6K], a| {
+        let mut acc = 0f32;
+        for (x, y) in w.iter().zip(a) {
+            let s: i32 = q6_k_lanes(x, y).iter().sum();
+            acc = (f16_le(x.d) * s as f32).mul_add(y.d, acc);
+        }
+        acc
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Float weights (not matched to llama.cpp bit for bit).
 
 /// Runs a one-row float kernel over each activation row.
 #[inline(always)]

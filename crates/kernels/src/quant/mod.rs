@@ -1,13 +1,25 @@
 //! GGML quantized block formats, activation quantization and quantized dot products.
 //!
 //! Weight rows stay in their on-disk GGML layout (memory-mapped); activations are
-//! quantized on the fly to [`BlockQ8`] (32 int8 values, one f32 scale, per-16 sums)
-//! and multiplied with integer dot products, scales applied per block.
-//! Layouts follow ggml's `ggml-common.h` / `ggml-quants.c`.
+//! quantized on the fly exactly as llama.cpp quantizes them, and the dot products
+//! reproduce llama.cpp's CPU arithmetic bit for bit (AVX2 build): the same integer
+//! partial sums, the same float roundings and the same accumulation order. Greedy
+//! decoding amplifies last-bit differences, so this is what makes our tokens match
+//! llama.cpp's. Two activation formats exist, chosen by the weight type:
+//!
+//! * [`BlockQ8`] (32 values, ggml's `block_q8_0` / `block_q8_1`) for the 32-wide formats;
+//! * [`BlockQ8K`] (256 values, ggml's `block_q8_K`) for the K-quants.
+//!
+//! llama.cpp does not use one kernel per weight type: depending on the batch size and
+//! on whether the weight was repacked at load time it runs `ggml_vec_dot_*`, the
+//! llamafile sgemm, the repacked gemv/gemm (`repack.cpp`) or the tiled K-quant matmul
+//! (`tiled/`), whose float arithmetic differs. [`dot_kernel_for`] picks the twin of the
+//! path llama.cpp takes for a given product; see its table.
 //!
 //! Files: `blocks` (byte-exact weight block structs), `dequant` (reference
 //! dequantization), `q8` (activation quantization), `dot_scalar` (reference dot
-//! products), `dot_avx2` (their AVX2 twins). Dispatch happens here, in [`dot_kernel`].
+//! products, the definition of every result), `dot_avx2` (their bit-identical AVX2
+//! twins). Dispatch happens here.
 
 /// A tensor element type as numbered in GGUF (`ggml_type`).
 #[allow(non_camel_case_types)]
@@ -107,24 +119,52 @@ impl GgmlType {
         self.block_elems() > 1
     }
 
-    /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks.
+    /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks
+    /// or the size overflows `usize`.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        n.is_multiple_of(self.block_elems())
-            .then(|| n / self.block_elems() * self.block_bytes())
+        if !n.is_multiple_of(self.block_elems()) {
+            return None;
+        }
+        (n / self.block_elems()).checked_mul(self.block_bytes())
     }
 }
 
-/// One block of 32 quantized activations: `x[i] ≈ d * qs[i]`.
-/// `sums[h]` is the exact integer sum of `qs[16h..16h+16]`, used by formats with a
-/// zero point or offset (Q4_0/Q4_1/Q5_x/K-quants) to fold the offset in once per block.
+/// 32 quantized activations as llama.cpp's `quantize_row_q8_1` (AVX2) makes them:
+/// `x[i] ≈ d * qs[i]` with `d = f16(amax / 127)` and `qs[i] = round_half_even(x[i] *
+/// (127 / amax))`; `s = f16(amax / 127 * sum(qs))` (computed with the unrounded scale,
+/// as ggml does). The same block serves as ggml's `block_q8_0` (which is this without
+/// `s`). Both f16 values are stored already widened to f32.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct BlockQ8 {
     pub d: f32,
-    pub sums: [i16; 2],
+    pub s: f32,
     pub qs: [i8; 32],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ8>() == 40);
+
+/// 256 quantized activations as ggml's `quantize_row_q8_K_ref` makes them, for the
+/// K-quant weights: `x[i] ≈ d * qs[i]` with one f32 scale `d = max / -127` where `max`
+/// is the first element of largest magnitude (so `d` carries its sign), and
+/// `bsums[j] = sum(qs[16j..16j+16])`. Layout of ggml's `block_q8_K`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; 256],
+    pub bsums: [i16; 16],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        Self {
+            d: 0.0,
+            qs: [0; 256],
+            bsums: [0; 16],
+        }
+    }
+}
 
 pub mod blocks;
 mod dequant;
@@ -135,16 +175,19 @@ mod q8;
 mod dot_avx2;
 
 pub use dequant::dequantize_row;
-pub use q8::{quantize_row_q8, quantize_row_q8_ref};
+pub use q8::{quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k, quantize_row_q8k_ref};
 
 /// Dot products of ONE weight row (GGML bytes, any alignment) with `n_act` (1..=4)
 /// activation rows stored back to back in `acts`, each `cols / 32` blocks:
 /// `out[i] = dot(w_row, row i)` for `i < n_act`; `out[n_act..]` is left untouched.
 /// Register blocking over the activation rows lets prefill unpack each weight block
 /// once for four tokens. Activations must come from [`quantize_row_q8`]: the SIMD
-/// kernels rely on values in -127..=127 and the scalar ones on consistent `sums`.
-/// Panics on inconsistent lengths.
+/// kernels rely on values in -127..=127. Panics on inconsistent lengths.
 pub type DotQ8Fn = fn(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]);
+
+/// As [`DotQ8Fn`] for the K-quants, whose activations come from [`quantize_row_q8k`]
+/// (`cols / 256` blocks per row).
+pub type DotQ8KFn = fn(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]);
 
 /// As [`DotQ8Fn`] for float weights (F32/F16/BF16) against f32 activations: `acts`
 /// holds `n_act` rows of `cols` floats.
@@ -153,26 +196,68 @@ pub type DotF32Fn = fn(w_row: &[u8], acts: &[f32], n_act: usize, out: &mut [f32;
 /// A dot-product kernel and the activation format it consumes.
 #[derive(Debug, Clone, Copy)]
 pub enum DotKernel {
-    /// Quantized weights; activations quantized with [`quantize_row_q8`].
+    /// 32-wide quantized weights; activations quantized with [`quantize_row_q8`].
     Q8(DotQ8Fn),
+    /// K-quant weights; activations quantized with [`quantize_row_q8k`].
+    Q8K(DotQ8KFn),
     /// Float weights; f32 activations.
     F32(DotF32Fn),
 }
 
-/// The fastest kernel for `ty` on this CPU (`PAGELLM_SIMD=scalar` forces the scalar
-/// one). A row's result does not depend on `n_act` or on the other rows.
-pub fn dot_kernel(ty: GgmlType) -> DotKernel {
+/// Which of llama.cpp's code paths a K-quant product takes (x86 AVX2 build, no AVX-512).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KPath {
+    /// `ggml_vec_dot_*_q8_K`, one activation row at a time.
+    VecDot,
+    /// The tiled K-quant matmul of `ggml-cpu/tiled`.
+    Tiled,
+    /// `q4_K_8x8` repacked weights: `ggml_gemv_q4_K_8x8_q8_K` per single row and
+    /// `ggml_gemm_q4_K_8x8_q8_K` per group of four rows.
+    Repack,
+}
+
+fn k_path(ty: GgmlType, w_rows: usize, n_rows: usize) -> KPath {
+    if ty == GgmlType::Q4_K && w_rows.is_multiple_of(8) {
+        KPath::Repack
+    } else if n_rows >= 8 {
+        KPath::Tiled
+    } else {
+        KPath::VecDot
+    }
+}
+
+/// The kernel reproducing llama.cpp's arithmetic for the product of an `(n_rows, cols)`
+/// activation matrix with a `(w_rows, cols)` weight matrix of type `ty`, on this CPU
+/// (`PAGELLM_SIMD=scalar` forces the scalar twin, which gives the same bits).
+///
+/// llama.cpp's path per weight type, and what the kernels reproduce:
+///
+/// | weight         | llama.cpp                                                        |
+/// |----------------|------------------------------------------------------------------|
+/// | Q8_0, Q5_0, Q4_0 | `vec_dot_*_q8_0` for one row, llamafile sgemm for more: same float ops |
+/// | Q4_1, Q5_1     | `vec_dot_*_q8_1`                                                 |
+/// | Q4_K, rows % 8 == 0 | repacked `q4_K_8x8`: gemm for each group of four activation rows counted from the first, gemv for the rest |
+/// | other K-quants | `vec_dot_*_q8_K` when `n_rows < 8`, the tiled matmul otherwise     |
+///
+/// For the repacked Q4_K the kernel uses the gemm arithmetic when called with
+/// `n_act == 4` and the gemv arithmetic otherwise, so callers must feed activation rows
+/// in groups of four from the first row of the product (the last group taking the
+/// remainder), as llama.cpp does. Every other kernel gives a row the same result
+/// whatever `n_act` and the neighbouring rows are. Not reproduced: llama.cpp's `q4_0_8x8`
+/// repacking of Q4_0 weights with a multiple of 8 rows, and float weights.
+pub fn dot_kernel_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKernel {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
         // SAFETY: `simd_level` reports Avx2 only when AVX2, FMA and F16C were detected.
-        return unsafe { dot_avx2::kernel(ty) };
+        return unsafe { dot_avx2::kernel(ty, k_path(ty, w_rows, n_rows)) };
     }
-    dot_kernel_ref(ty)
+    dot_kernel_ref_for(ty, w_rows, n_rows)
 }
 
-/// The portable reference kernel for `ty`, which the SIMD kernels are tested against.
-pub fn dot_kernel_ref(ty: GgmlType) -> DotKernel {
+/// The portable twin of [`dot_kernel_for`]; the SIMD kernels are tested against it.
+pub fn dot_kernel_ref_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKernel {
     use dot_scalar::*;
+    let path = k_path(ty, w_rows, n_rows);
     match ty {
         GgmlType::F32 => DotKernel::F32(dot_f32),
         GgmlType::F16 => DotKernel::F32(dot_f16),
@@ -182,8 +267,29 @@ pub fn dot_kernel_ref(ty: GgmlType) -> DotKernel {
         GgmlType::Q5_0 => DotKernel::Q8(dot_q5_0),
         GgmlType::Q5_1 => DotKernel::Q8(dot_q5_1),
         GgmlType::Q8_0 => DotKernel::Q8(dot_q8_0),
-        GgmlType::Q4_K => DotKernel::Q8(dot_q4_k),
-        GgmlType::Q5_K => DotKernel::Q8(dot_q5_k),
-        GgmlType::Q6_K => DotKernel::Q8(dot_q6_k),
+        GgmlType::Q4_K => DotKernel::Q8K(match path {
+            KPath::VecDot => dot_q4_k,
+            KPath::Tiled => dot_q4_k_tiled,
+            KPath::Repack => dot_q4_k_repack,
+        }),
+        GgmlType::Q5_K => DotKernel::Q8K(match path {
+            KPath::Tiled => dot_q5_k_tiled,
+            _ => dot_q5_k,
+        }),
+        GgmlType::Q6_K => DotKernel::Q8K(match path {
+            KPath::Tiled => dot_q6_k_tiled,
+            _ => dot_q6_k,
+        }),
     }
+}
+
+/// The kernel for single-row products (decoding) with a weight of a multiple of 8 rows:
+/// `dot_kernel_for(ty, 8, 1)`.
+pub fn dot_kernel(ty: GgmlType) -> DotKernel {
+    dot_kernel_for(ty, 8, 1)
+}
+
+/// The portable twin of [`dot_kernel`].
+pub fn dot_kernel_ref(ty: GgmlType) -> DotKernel {
+    dot_kernel_ref_for(ty, 8, 1)
 }
