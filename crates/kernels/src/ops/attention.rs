@@ -304,3 +304,49 @@ pub fn attention_ref(
         }
     }
 }
+
+#[cfg(test)]
+mod twin_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The AVX2 build of the attention kernel and its portable twin are bit-identical
+        /// (same operation order; fused multiply-adds round the same everywhere).
+        #[test]
+        fn avx2_and_portable_attention_are_bit_identical(seed in 0u64..1000, n in 1usize..70, hd in prop::sample::select(vec![8usize, 64, 72]), decode: bool) {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let q: Vec<f32> = (0..hd).map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_f32()).collect();
+            let k: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let v: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (mut s1, mut s2) = (vec![0f32; n], vec![0f32; n]);
+            let (mut o1, mut o2) = (vec![0f32; hd], vec![0f32; hd]);
+            attend_one_portable(&q, &k, &v, 0.125, &mut s1, &mut o1, decode);
+            #[cfg(target_arch = "x86_64")]
+            if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
+                // SAFETY: features checked.
+                unsafe { attend_one_avx2(&q, &k, &v, 0.125, &mut s2, &mut o2, decode) };
+                prop_assert_eq!(&o1, &o2);
+                prop_assert_eq!(&s1, &s2);
+            }
+            let sum: f32 = s1.iter().sum();
+            prop_assert!((sum - 1.0).abs() < 1e-2, "probabilities sum to {}", sum);
+        }
+    }
+
+    #[test]
+    fn ggml_exp_matches_std_exp_closely_and_handles_extremes() {
+        for &x in &[
+            -200.0f32, -100.0, -87.0, -10.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 10.0, 80.0,
+        ] {
+            let e = crate::ops::scalar::expf_ggml(x);
+            let want = x.exp();
+            assert!(
+                (e - want).abs() <= 2e-6 * want + 1e-38,
+                "exp({x}) = {e}, want {want}"
+            );
+        }
+        assert_eq!(crate::ops::scalar::expf_ggml(f32::NEG_INFINITY), 0.0);
+    }
+}
