@@ -9,7 +9,9 @@ fn real_model_bytes() -> Vec<u8> {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len()).position(|w| w == needle).expect("needle present")
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle present")
 }
 
 fn load_modified(edit: impl FnOnce(&mut Vec<u8>)) -> ModelError {
@@ -30,7 +32,10 @@ fn renamed_tensor_is_reported_missing() {
         let at = find(b, b"blk.3.ffn_up.weight");
         b[at + 10] = b'X'; // blk.3.ffn_uX.weight
     });
-    assert!(matches!(e, ModelError::MissingTensor { ref name } if name == "blk.3.ffn_up.weight"), "{e}");
+    assert!(
+        matches!(e, ModelError::MissingTensor { ref name } if name == "blk.3.ffn_up.weight"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -43,7 +48,10 @@ fn metadata_that_disagrees_with_tensor_shapes_is_reported() {
         b[at..at + 4].copy_from_slice(&1024u32.to_le_bytes());
     });
     let msg = e.to_string();
-    assert!(msg.contains("ffn_gate.weight") && msg.contains("1536") && msg.contains("1024"), "{msg}");
+    assert!(
+        msg.contains("ffn_gate.weight") && msg.contains("1536") && msg.contains("1024"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -64,12 +72,21 @@ fn forward_rejects_out_of_vocabulary_tokens_and_context_overflow() {
     let pool = ThreadPool::new(1);
     let mut ws = Workspace::default();
     let mut cache = m.transformer.new_cache(4);
-    let e = m.transformer.forward(&pool, &mut ws, &mut cache, &[1, 49152], Logits::Last).unwrap_err();
+    let e = m
+        .transformer
+        .forward(&pool, &mut ws, &mut cache, &[1, 49152], Logits::Last)
+        .unwrap_err();
     assert!(e.to_string().contains("49152"), "{e}");
     assert_eq!(cache.len(), 0, "a refused batch leaves the cache untouched");
-    let e = m.transformer.forward(&pool, &mut ws, &mut cache, &[1, 2, 3, 4, 5], Logits::Last).unwrap_err();
+    let e = m
+        .transformer
+        .forward(&pool, &mut ws, &mut cache, &[1, 2, 3, 4, 5], Logits::Last)
+        .unwrap_err();
     assert!(e.to_string().contains("context window"), "{e}");
     // The cache still works after both refusals.
-    let logits = m.transformer.forward(&pool, &mut ws, &mut cache, &[504, 3575], Logits::Last).unwrap();
+    let logits = m
+        .transformer
+        .forward(&pool, &mut ws, &mut cache, &[504, 3575], Logits::Last)
+        .unwrap();
     assert_eq!(logits.len(), 49152);
 }
