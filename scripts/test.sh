@@ -4,8 +4,7 @@
 # test of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p pagellm
 for m in smollm2-135m qwen2.5-coder-0.5b; do
-    ./target/release/pagellm models pull "$m"
+    cargo run --release --quiet -p pagellm -- models pull "$m"
 done
 cargo test --workspace --release
