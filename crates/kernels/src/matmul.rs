@@ -4,10 +4,11 @@
 //! rows across the thread pool and feeds each kernel up to four activation rows at
 //! once so a weight block is unpacked once per four tokens during prefill.
 //!
-//! Architecture invariant (batch invariance): the value of `out[i][r]` depends only on
-//! activation row `i` and weight row `r`, never on how many rows share the batch or
-//! how the work was split, because each dot product is computed by the same kernel in
-//! the same order whatever its neighbours are.
+//! Architecture invariant: the value of `out[i][r]` never depends on how the work was
+//! split between threads. For 32-element formats and float weights it depends only on
+//! activation row `i` and weight row `r` (batch invariance); K-quant kernels follow
+//! llama.cpp's batch-size-dependent paths on purpose (see `quant::dot_kernel_for`), and
+//! the Q4_K one relies on activation rows arriving in groups of four from row 0.
 
 use crate::pool::{SyncPtr, ThreadPool};
 use crate::quant::{
