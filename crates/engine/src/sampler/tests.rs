@@ -99,13 +99,14 @@ fn seed_makes_sampling_reproducible_and_differs_between_seeds() {
 fn low_temperature_concentrates_high_temperature_spreads() {
     let cold = draw_many(
         SamplingParams {
-            temperature: 0.05,
+            temperature: 0.01,
             seed: Some(1),
             ..Default::default()
         },
         500,
     );
-    assert!(cold[1] > 490, "{cold:?}");
+    // exp(-0.1 / 0.01) = 4.5e-5: the runner-up is essentially never drawn.
+    assert!(cold[1] >= 499, "{cold:?}");
     let hot = draw_many(
         SamplingParams {
             temperature: 5.0,
