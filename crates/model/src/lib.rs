@@ -22,6 +22,6 @@ pub mod transformer;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
-pub use kv::SeqKvCache;
+pub use kv::{KvDtype, PagedKvCache, SeqKvCache};
 pub use tensor::{Storage, Tensor, TensorSet};
-pub use transformer::{Logits, Transformer, Workspace};
+pub use transformer::{Batch, Logits, SeqSlice, Transformer, Workspace};

@@ -13,7 +13,7 @@ use pagellm_kernels::quant::dequantize_row;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::kv::SeqKvCache;
+use crate::kv::{KvDtype, PagedKvCache, SeqKvCache};
 use crate::tensor::{Tensor, TensorSet};
 
 /// One transformer block. Field names follow the GGUF tensor names.
@@ -52,6 +52,72 @@ pub enum Logits {
     All,
 }
 
+/// One sequence's share of a batched forward pass.
+#[derive(Debug, Clone)]
+pub struct SeqSlice {
+    /// New tokens of this sequence in the batch (consecutive in `Batch::tokens`).
+    pub n_tokens: usize,
+    /// Position of the first new token: the tokens already in the KV cache.
+    pub pos0: usize,
+    /// Positions from which attention uses the decode summation order (see
+    /// [`pagellm_kernels::ops::attention::AttnSeq`]).
+    pub decode_from: usize,
+    /// This sequence's block table: a range of `Batch::block_tables`.
+    pub table: std::ops::Range<usize>,
+    /// Which of its rows need logits.
+    pub logits: Logits,
+}
+
+/// A flattened, ragged batch: prefill chunks and decodes of many sequences in one pass.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub seqs: Vec<SeqSlice>,
+    /// Every sequence's block table, back to back.
+    pub block_tables: Vec<u32>,
+}
+
+impl Batch {
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.seqs.clear();
+        self.block_tables.clear();
+    }
+
+    /// Appends a sequence's new tokens.
+    pub fn push(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        decode_from: usize,
+        table: &[u32],
+        logits: Logits,
+    ) {
+        let t0 = self.block_tables.len();
+        self.block_tables.extend_from_slice(table);
+        self.tokens.extend_from_slice(tokens);
+        self.seqs.push(SeqSlice {
+            n_tokens: tokens.len(),
+            pos0,
+            decode_from,
+            table: t0..self.block_tables.len(),
+            logits,
+        });
+    }
+
+    /// Rows of logits a forward pass over this batch returns.
+    pub fn logits_rows(&self) -> usize {
+        self.seqs
+            .iter()
+            .map(|s| match s.logits {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => s.n_tokens,
+            })
+            .sum()
+    }
+}
+
 /// Buffers reused across forward passes so the hot path never allocates after warm-up.
 #[derive(Default)]
 pub struct Workspace {
@@ -66,6 +132,10 @@ pub struct Workspace {
     up: Vec<f32>,
     h: Activations,
     positions: Vec<usize>,
+    slots: Vec<usize>,
+    logit_rows: Vec<usize>,
+    x_sel: Vec<f32>,
+    single: Batch,
     /// (rows, vocab) logits of the last forward pass.
     pub logits: Vec<f32>,
 }
@@ -145,7 +215,8 @@ impl Transformer {
     pub fn new_cache(&self, capacity: usize) -> SeqKvCache {
         SeqKvCache::new(
             self.config.n_layers,
-            self.config.kv_dim(),
+            self.config.n_kv_heads,
+            self.config.head_dim,
             capacity.min(self.max_context()),
         )
     }
@@ -155,9 +226,29 @@ impl Transformer {
         self.config.context_length.min(1 << 17)
     }
 
+    /// A paged KV cache of `num_blocks` blocks of `block_size` tokens for this model.
+    pub fn new_paged_cache(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Result<PagedKvCache> {
+        PagedKvCache::new(
+            self.config.n_layers,
+            self.config.n_kv_heads,
+            self.config.head_dim,
+            block_size,
+            num_blocks,
+            dtype,
+        )
+    }
+
     /// Runs `tokens` at positions `cache.len()..` through the model, appending their keys
     /// and values to `cache`, and returns the requested logits: (rows, vocab) where rows
     /// is 0, 1 or `tokens.len()` for `Logits::{None, Last, All}`.
+    ///
+    /// Summation orders follow llama.cpp for a batch of this many tokens: a one-token
+    /// call is a decode step, a longer one a prompt batch.
     pub fn forward<'w>(
         &self,
         pool: &ThreadPool,
@@ -166,32 +257,101 @@ impl Transformer {
         tokens: &[u32],
         want: Logits,
     ) -> Result<&'w [f32]> {
-        let c = &self.config;
-        let n = tokens.len();
-        let (d, qd, kvd, ff) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
         let start = cache.len();
-        if n == 0 {
-            return Err(ModelError::Other("forward pass over zero tokens".into()));
-        }
-        if start + n > cache.capacity() {
+        if start + tokens.len() > cache.capacity() {
             return Err(ModelError::Other(format!(
                 "sequence of {} tokens exceeds the context window of {}",
-                start + n,
+                start + tokens.len(),
                 cache.capacity()
             )));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        let mut batch = std::mem::take(&mut ws.single);
+        batch.clear();
+        let decode_from = if tokens.len() == 1 { 0 } else { usize::MAX };
+        batch.push(tokens, start, decode_from, &[0], want);
+        let r = self
+            .forward_batch(pool, ws, &mut cache.paged, &batch)
+            .map(|_| ());
+        ws.single = batch;
+        r?;
+        cache.advance(tokens.len());
+        Ok(&ws.logits)
+    }
+
+    /// Runs one step of a ragged batch: each sequence's new tokens at positions
+    /// `pos0..`, their keys and values written into `cache` through the sequence's block
+    /// table, attention reading everything before them through the same table. Returns
+    /// (rows, vocab) logits for the rows each sequence asked for, in batch order.
+    ///
+    /// A row's result does not depend on the other rows of the batch for weights in
+    /// 32-element block formats and float types (the dot products of one row are summed
+    /// the same way whatever the batch); K-quant weights follow llama.cpp's
+    /// batch-size-dependent paths.
+    pub fn forward_batch<'w>(
+        &self,
+        pool: &ThreadPool,
+        ws: &'w mut Workspace,
+        cache: &mut PagedKvCache,
+        batch: &Batch,
+    ) -> Result<&'w [f32]> {
+        let c = &self.config;
+        let n = batch.tokens.len();
+        let (d, qd, kvd, ff) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        if n == 0 {
+            return Err(ModelError::Other("forward pass over zero tokens".into()));
+        }
+        if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(ModelError::Other(format!(
                 "token id {bad} is outside the vocabulary of {}",
                 c.vocab_size
             )));
         }
+        let bs = cache.block_size();
         ws.positions.clear();
-        ws.positions.extend(start..start + n);
+        ws.slots.clear();
+        ws.logit_rows.clear();
+        let mut row = 0;
+        for s in &batch.seqs {
+            let end = s.pos0 + s.n_tokens;
+            if end > self.max_context() {
+                return Err(ModelError::Other(format!(
+                    "sequence of {end} tokens exceeds the context window of {}",
+                    self.max_context()
+                )));
+            }
+            let table = &batch.block_tables[s.table.clone()];
+            if table.len() * bs < end {
+                return Err(ModelError::Other(format!(
+                    "block table of {} blocks cannot hold {end} tokens",
+                    table.len()
+                )));
+            }
+            if let Some(&b) = table.iter().find(|&&b| b as usize >= cache.num_blocks()) {
+                return Err(ModelError::Other(format!(
+                    "block {b} is outside the KV cache of {} blocks",
+                    cache.num_blocks()
+                )));
+            }
+            for p in s.pos0..end {
+                ws.positions.push(p);
+                ws.slots.push(table[p / bs] as usize * bs + p % bs);
+            }
+            match s.logits {
+                Logits::None => {}
+                Logits::Last => ws.logit_rows.push(row + s.n_tokens - 1),
+                Logits::All => ws.logit_rows.extend(row..row + s.n_tokens),
+            }
+            row += s.n_tokens;
+        }
+        if row != n {
+            return Err(ModelError::Other(format!(
+                "batch sequences cover {row} tokens but the batch has {n}"
+            )));
+        }
 
         // x: (n, d) embeddings.
         ws.x.resize(n * d, 0.0);
-        for (row, &tok) in ws.x.chunks_exact_mut(d).zip(tokens) {
+        for (row, &tok) in ws.x.chunks_exact_mut(d).zip(&batch.tokens) {
             dequantize_row(self.token_embd.ty, self.token_embd.row(tok as usize), row);
         }
         ws.q.resize(n * qd, 0.0);
@@ -240,9 +400,31 @@ impl Transformer {
             }
             self.rope.apply(&mut ws.q, c.n_heads, &ws.positions);
             self.rope.apply(&mut ws.k, c.n_kv_heads, &ws.positions);
-            cache.write(li, start, &ws.k, &ws.v);
-            let kv = cache.view(li, c.n_kv_heads, c.head_dim);
-            attention::attention(pool, shape, &ws.q, &ws.positions, &kv, ws.attn.reset(n, qd));
+            for (t, &slot) in ws.slots.iter().enumerate() {
+                cache.write(
+                    li,
+                    slot,
+                    &ws.k[t * kvd..(t + 1) * kvd],
+                    &ws.v[t * kvd..(t + 1) * kvd],
+                );
+            }
+            let mut token0 = 0;
+            let seqs: Vec<_> = batch
+                .seqs
+                .iter()
+                .map(|s| {
+                    let a = attention::AttnSeq {
+                        token0,
+                        pos0: s.pos0,
+                        n_tokens: s.n_tokens,
+                        decode_from: s.decode_from,
+                        kv: cache.view(li, &batch.block_tables[s.table.clone()]),
+                    };
+                    token0 += s.n_tokens;
+                    a
+                })
+                .collect();
+            attention::attention(pool, shape, &ws.q, &seqs, ws.attn.reset(n, qd));
             matmul(pool, &mut ws.attn, weight(&l.attn_output), &mut ws.o);
             ops::add_inplace(&mut ws.x, &ws.o);
 
@@ -266,20 +448,17 @@ impl Transformer {
             matmul(pool, &mut ws.h, weight(&l.ffn_down), &mut ws.o);
             ops::add_inplace(&mut ws.x, &ws.o);
         }
-        cache.advance(n);
 
-        let rows = match want {
-            Logits::None => return Ok(&ws.logits[..0]),
-            Logits::Last => n - 1..n,
-            Logits::All => 0..n,
-        };
-        let m = rows.len();
-        ops::rmsnorm(
-            &ws.x[rows.start * d..rows.end * d],
-            &self.output_norm,
-            c.rms_eps,
-            ws.xn.reset(m, d),
-        );
+        let m = ws.logit_rows.len();
+        if m == 0 {
+            ws.logits.clear();
+            return Ok(&ws.logits);
+        }
+        ws.x_sel.clear();
+        for &r in &ws.logit_rows {
+            ws.x_sel.extend_from_slice(&ws.x[r * d..(r + 1) * d]);
+        }
+        ops::rmsnorm(&ws.x_sel, &self.output_norm, c.rms_eps, ws.xn.reset(m, d));
         ws.logits.resize(m * c.vocab_size, 0.0);
         matmul(pool, &mut ws.xn, weight(&self.output), &mut ws.logits);
         Ok(&ws.logits[..m * c.vocab_size])

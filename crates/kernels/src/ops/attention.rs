@@ -1,7 +1,8 @@
 //! Causal scaled-dot-product attention with grouped-query heads.
 //!
 //! The key/value store is abstracted by [`KvView`] so the same kernel serves a
-//! contiguous per-sequence cache and, later, paged block tables.
+//! contiguous cache and paged block tables; one call covers a ragged batch of
+//! sequences (prefill chunks and decodes mixed).
 //!
 //! Keys and values are stored in f16, and the arithmetic follows llama.cpp's CPU path
 //! (without flash attention): the query is rounded to f16 before `q·k`, the softmax runs
@@ -21,13 +22,15 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// Read access to cached keys and values by (position, kv head).
+/// Read access to cached keys and values by (position, kv head). Implementations
+/// convert one head's row to f32 into `dst` (`head_dim` values); the store may hold
+/// f16, bf16 or f32.
 pub trait KvView: Sync {
-    fn key(&self, pos: usize, kv_head: usize) -> &[f16];
-    fn value(&self, pos: usize, kv_head: usize) -> &[f16];
+    fn load_key(&self, pos: usize, kv_head: usize, dst: &mut [f32]);
+    fn load_value(&self, pos: usize, kv_head: usize, dst: &mut [f32]);
 }
 
-/// Keys and values stored contiguously: (positions, n_kv_heads, head_dim) each.
+/// Keys and values stored contiguously in f16: (positions, n_kv_heads, head_dim) each.
 pub struct ContiguousKv<'a> {
     pub k: &'a [f16],
     pub v: &'a [f16],
@@ -37,25 +40,39 @@ pub struct ContiguousKv<'a> {
 
 impl KvView for ContiguousKv<'_> {
     #[inline]
-    fn key(&self, pos: usize, h: usize) -> &[f16] {
+    fn load_key(&self, pos: usize, h: usize, dst: &mut [f32]) {
         let o = (pos * self.n_kv_heads + h) * self.head_dim;
-        &self.k[o..o + self.head_dim]
+        f16_to_f32(&self.k[o..o + self.head_dim], dst);
     }
     #[inline]
-    fn value(&self, pos: usize, h: usize) -> &[f16] {
+    fn load_value(&self, pos: usize, h: usize, dst: &mut [f32]) {
         let o = (pos * self.n_kv_heads + h) * self.head_dim;
-        &self.v[o..o + self.head_dim]
+        f16_to_f32(&self.v[o..o + self.head_dim], dst);
     }
 }
 
-/// `out` (n_tokens, n_heads, head_dim) = softmax(q·Kᵀ/√d)·V where query token `t`
-/// attends to cached positions `0..=positions[t]`.
-pub fn attention(
+/// One sequence's share of a batched attention call: its queries are rows
+/// `token0..token0 + n_tokens` of the flattened batch, at positions `pos0..`, and query
+/// `i` attends to positions `0..=pos0 + i` of `kv` (causal within a chunk, everything
+/// cached before it).
+pub struct AttnSeq<V> {
+    pub token0: usize,
+    pub pos0: usize,
+    pub n_tokens: usize,
+    /// Queries at positions `>= decode_from` sum in the order llama.cpp uses for a
+    /// one-token (decode) batch, earlier ones in its prompt order. Making the order a
+    /// function of the position, not of the batch, keeps results batch-invariant.
+    pub decode_from: usize,
+    pub kv: V,
+}
+
+/// `out` (n_tokens, n_heads, head_dim) = softmax(q·Kᵀ/√d)·V for every sequence of a
+/// ragged batch; `q` is (n_tokens, n_heads, head_dim) over all sequences.
+pub fn attention<V: KvView>(
     pool: &ThreadPool,
     shape: AttnShape,
     q: &[f32],
-    positions: &[usize],
-    kv: &impl KvView,
+    seqs: &[AttnSeq<V>],
     out: &mut [f32],
 ) {
     let AttnShape {
@@ -63,43 +80,56 @@ pub fn attention(
         n_kv_heads,
         head_dim,
     } = shape;
-    let n_tokens = positions.len();
-    assert_eq!(q.len(), n_tokens * n_heads * head_dim);
+    let n_total: usize = seqs.iter().map(|s| s.n_tokens).sum();
+    assert_eq!(q.len(), n_total * n_heads * head_dim);
     assert_eq!(out.len(), q.len());
+    for s in seqs {
+        assert!(
+            s.token0 + s.n_tokens <= n_total,
+            "sequence rows out of range"
+        );
+    }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    // Tasks are (kv head, run of query tokens): a task converts the f16 keys and values
-    // its queries can see to f32 once, then every query head of the group reuses them.
-    let tasks: Vec<(usize, std::ops::Range<usize>)> = (0..n_kv_heads)
-        .flat_map(|kvh| {
-            (0..n_tokens)
-                .step_by(TOKENS_PER_TASK)
-                .map(move |t0| (kvh, t0..(t0 + TOKENS_PER_TASK).min(n_tokens)))
+    // Tasks are (sequence, kv head, run of query tokens): a task converts the keys and
+    // values its queries can see to f32 once, then every query head of the group reuses
+    // them. Threads take tasks from a shared counter, so long and short sequences mix.
+    let tasks: Vec<(usize, usize, std::ops::Range<usize>)> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| {
+            (0..n_kv_heads).flat_map(move |kvh| {
+                (0..s.n_tokens)
+                    .step_by(TOKENS_PER_TASK)
+                    .map(move |t0| (si, kvh, t0..(t0 + TOKENS_PER_TASK).min(s.n_tokens)))
+            })
         })
         .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
     let outp = SyncPtr(out.as_mut_ptr());
-    let decode = n_tokens == 1;
-    pool.run(&|tid, nt| {
-        let mine = crate::pool::split_range(tasks.len(), tid, nt);
-        if mine.is_empty() {
-            return;
-        }
+    pool.run(&|_, _| {
         let mut kf = Vec::new();
         let mut vf = Vec::new();
         let mut scores = Vec::new();
         let mut q16 = vec![0f32; head_dim];
-        for (kvh, toks) in &tasks[mine] {
-            let ctx = toks.clone().map(|t| positions[t] + 1).max().unwrap_or(0);
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((si, kvh, toks)) = tasks.get(i) else {
+                break;
+            };
+            let s = &seqs[*si];
+            let ctx = s.pos0 + toks.end;
             kf.resize(ctx * head_dim, 0.0);
             vf.resize(ctx * head_dim, 0.0);
             for j in 0..ctx {
-                f16_to_f32(kv.key(j, *kvh), &mut kf[j * head_dim..(j + 1) * head_dim]);
-                f16_to_f32(kv.value(j, *kvh), &mut vf[j * head_dim..(j + 1) * head_dim]);
+                s.kv.load_key(j, *kvh, &mut kf[j * head_dim..(j + 1) * head_dim]);
+                s.kv.load_value(j, *kvh, &mut vf[j * head_dim..(j + 1) * head_dim]);
             }
             scores.resize(ctx, 0.0);
             for t in toks.clone() {
+                let pos = s.pos0 + t;
                 for h in kvh * group..(kvh + 1) * group {
-                    let item = t * n_heads + h;
+                    let item = (s.token0 + t) * n_heads + h;
                     let qh = &q[item * head_dim..(item + 1) * head_dim];
                     for (a, &b) in q16.iter_mut().zip(qh) {
                         *a = f16::from_f32(b).to_f32();
@@ -108,7 +138,7 @@ pub fn attention(
                     let oh = unsafe {
                         std::slice::from_raw_parts_mut(outp.get().add(item * head_dim), head_dim)
                     };
-                    let n = positions[t] + 1;
+                    let n = pos + 1;
                     attend_one(
                         &q16,
                         &kf[..n * head_dim],
@@ -116,7 +146,7 @@ pub fn attention(
                         scale,
                         &mut scores[..n],
                         oh,
-                        decode,
+                        pos >= s.decode_from,
                     );
                 }
             }
@@ -264,29 +294,27 @@ fn softmax_ggml(x: &mut [f32]) {
     }
 }
 
-/// Plain reference for tests.
-pub fn attention_ref(
-    shape: AttnShape,
-    q: &[f32],
-    positions: &[usize],
-    kv: &impl KvView,
-    out: &mut [f32],
-) {
+/// Plain f64 reference for tests: one sequence at positions `pos0..pos0 + n`.
+pub fn attention_ref(shape: AttnShape, q: &[f32], pos0: usize, kv: &impl KvView, out: &mut [f32]) {
     let AttnShape {
         n_heads,
         n_kv_heads,
         head_dim,
     } = shape;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    for (t, &pos) in positions.iter().enumerate() {
+    let n_tokens = q.len() / (n_heads * head_dim);
+    let (mut kr, mut vr) = (vec![0f32; head_dim], vec![0f32; head_dim]);
+    for t in 0..n_tokens {
+        let pos = pos0 + t;
         for h in 0..n_heads {
             let kvh = h / (n_heads / n_kv_heads);
             let qh = &q[(t * n_heads + h) * head_dim..][..head_dim];
             let s: Vec<f64> = (0..=pos)
                 .map(|j| {
+                    kv.load_key(j, kvh, &mut kr);
                     qh.iter()
-                        .zip(kv.key(j, kvh))
-                        .map(|(a, b)| (*a as f64) * b.to_f64())
+                        .zip(&kr)
+                        .map(|(a, b)| (*a as f64) * (*b as f64))
                         .sum::<f64>()
                         * scale as f64
                 })
@@ -295,11 +323,15 @@ pub fn attention_ref(
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = e.iter().sum();
             let oh = &mut out[(t * n_heads + h) * head_dim..][..head_dim];
-            for (d, o) in oh.iter_mut().enumerate() {
-                *o = ((0..=pos)
-                    .map(|j| e[j] * kv.value(j, kvh)[d].to_f64())
-                    .sum::<f64>()
-                    / z) as f32;
+            let mut acc = vec![0f64; head_dim];
+            for (j, ej) in e.iter().enumerate() {
+                kv.load_value(j, kvh, &mut vr);
+                for (a, x) in acc.iter_mut().zip(&vr) {
+                    *a += ej * *x as f64;
+                }
+            }
+            for (o, a) in oh.iter_mut().zip(&acc) {
+                *o = (a / z) as f32;
             }
         }
     }
