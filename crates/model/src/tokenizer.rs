@@ -1028,8 +1028,7 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
 /// [`Tokenizer::decode`] of the whole sequence.
 pub struct StreamDecoder<'a> {
     tok: &'a Tokenizer,
-    pending: Vec<u8>,
-    skip_special: bool,
+    state: IncrementalDecoder,
 }
 
 impl<'a> StreamDecoder<'a> {
@@ -1037,21 +1036,47 @@ impl<'a> StreamDecoder<'a> {
     pub fn new(tok: &'a Tokenizer) -> Self {
         Self {
             tok,
-            pending: Vec::new(),
-            skip_special: true,
+            state: IncrementalDecoder::new(true),
         }
     }
 
     /// Whether control tokens are rendered (default: not).
     pub fn with_special(mut self, render_special: bool) -> Self {
-        self.skip_special = !render_special;
+        self.state.skip_special = !render_special;
         self
     }
 
     /// Adds one token; returns newly completed text, or `None` if nothing is complete yet.
     pub fn push(&mut self, id: u32) -> Option<String> {
+        self.state.push(self.tok, id)
+    }
+
+    /// Flushes held-back bytes (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> Option<String> {
+        self.state.finish()
+    }
+}
+
+/// The state of a [`StreamDecoder`] without the borrow of the tokenizer, for holders
+/// that live next to it (one per request in the engine).
+#[derive(Debug, Clone, Default)]
+pub struct IncrementalDecoder {
+    pending: Vec<u8>,
+    skip_special: bool,
+}
+
+impl IncrementalDecoder {
+    pub fn new(skip_special: bool) -> Self {
+        Self {
+            pending: Vec::new(),
+            skip_special,
+        }
+    }
+
+    /// Adds one token; returns newly completed text, or `None` if nothing is complete yet.
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Option<String> {
         self.pending
-            .extend_from_slice(self.tok.piece(id, self.skip_special));
+            .extend_from_slice(tok.piece(id, self.skip_special));
         let mut out = String::new();
         loop {
             match std::str::from_utf8(&self.pending) {

@@ -11,8 +11,27 @@ use pagellm_model::{Logits, Workspace};
 
 use super::ModelArgs;
 
+/// `pagellm bench` alone measures single-sequence speed; subcommands run other benchmarks.
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    command: Option<BenchCmd>,
+    #[command(flatten)]
+    latency: LatencyArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchCmd {
+    /// Offline throughput: many requests at once through the batching engine.
+    Throughput(super::bench_throughput::Args),
+}
+
+/// Prompt tokens per forward pass in the pp test.
+const PREFILL_CHUNK_TOKENS: usize = 512;
+
+#[derive(clap::Args)]
+pub struct LatencyArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt tokens for the prompt-processing test (0 = skip).
@@ -30,6 +49,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    match a.command {
+        Some(BenchCmd::Throughput(t)) => super::bench_throughput::run(t),
+        None => run_latency(a.latency),
+    }
+}
+
+fn run_latency(a: LatencyArgs) -> Result<()> {
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
@@ -51,7 +77,7 @@ pub fn run(a: Args) -> Result<()> {
         for rep in 0..=a.repetitions {
             let mut cache = model.new_cache(a.n_prompt);
             let t = Instant::now();
-            for chunk in prompt.chunks(pagellm_engine::generate::PREFILL_CHUNK_TOKENS) {
+            for chunk in prompt.chunks(PREFILL_CHUNK_TOKENS) {
                 model.forward(&pool, &mut ws, &mut cache, chunk, Logits::Last)?;
             }
             // The first run warms caches and page tables, as llama-bench's warm-up does.

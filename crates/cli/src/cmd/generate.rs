@@ -1,14 +1,14 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use pagellm_engine::generate::{generate, GenerateRequest};
-use pagellm_engine::SamplingParams;
-use pagellm_kernels::pool::ThreadPool;
+use std::sync::Arc;
+
+use pagellm_engine::generate::generate;
+use pagellm_engine::{EngineCore, RequestParams, SamplingParams};
 use pagellm_model::chat::ChatMessage;
 use pagellm_model::loader::load_model;
-use pagellm_model::tokenizer::StreamDecoder;
 
-use super::ModelArgs;
+use super::{EngineArgs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,6 +48,11 @@ pub struct Args {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Stop before this text (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -65,8 +70,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
-    let pool = ThreadPool::new(a.model.threads);
-    let m = load_model(&a.model.model)?;
+    let m = Arc::new(load_model(&a.model.model)?);
     let text = if a.chat {
         let tmpl = m
             .chat_template
@@ -89,49 +93,45 @@ pub fn run(a: Args) -> Result<()> {
     };
     // A chat template writes its own special tokens; a plain prompt gets BOS if the model wants it.
     let prompt = m.tokenizer.encode(&text, !a.chat, true)?;
-    let req = GenerateRequest {
-        prompt,
-        max_tokens: a.max_tokens,
+    // One request: no need to reserve more cache than it can use.
+    let mut engine = a.engine.clone();
+    if engine.max_model_len.is_none() {
+        engine.max_model_len = Some((prompt.len() + a.max_tokens).min(m.transformer.max_context()));
+    }
+    let mut core = EngineCore::new(m.clone(), &engine.config(a.model.threads))?;
+    let params = RequestParams {
         sampling,
-        stop_ids: if a.ignore_eos {
-            Vec::new()
-        } else {
-            m.tokenizer.eos_ids().to_vec()
-        },
+        max_tokens: Some(a.max_tokens),
+        stop: a.stop,
+        ignore_eos: a.ignore_eos,
+        ..RequestParams::default()
     };
-    let mut decoder = StreamDecoder::new(&m.tokenizer);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let stats = generate(&m.transformer, &pool, &req, |tok| {
-        if req.stop_ids.contains(&tok) {
-            return true;
-        }
-        if let Some(piece) = decoder.push(tok) {
-            // A closed stdout (e.g. `| head`) ends generation quietly.
-            if out
-                .write_all(piece.as_bytes())
+    let info = generate(&mut core, 0, prompt, params, |o| {
+        // A closed stdout (e.g. `| head`) ends generation quietly.
+        o.text.is_empty()
+            || out
+                .write_all(o.text.as_bytes())
                 .and_then(|_| out.flush())
-                .is_err()
-            {
-                return false;
-            }
-        }
-        true
+                .is_ok()
     })?;
-    if let Some(rest) = decoder.finish() {
-        let _ = out.write_all(rest.as_bytes());
-    }
     let _ = writeln!(out);
-    let decode_tps = stats.tpot().map(|t| 1.0 / t.as_secs_f64()).unwrap_or(0.0);
+    let t = &info.times;
+    let n = info.usage.completion_tokens;
+    let tpot = t.decode_s().filter(|_| n > 1).map(|d| d / (n - 1) as f64);
     eprintln!(
-        "prompt tokens: {} | generated: {} | TTFT: {:.1} ms | TPOT: {:.2} ms | {:.1} tokens/s | prefill {:.1} tokens/s | finish: {:?}",
-        stats.prompt_tokens,
-        stats.generated_tokens,
-        stats.ttft.as_secs_f64() * 1e3,
-        stats.tpot().map_or(0.0, |t| t.as_secs_f64() * 1e3),
-        decode_tps,
-        stats.prompt_tokens as f64 / stats.ttft.as_secs_f64(),
-        stats.finish
+        "prompt tokens: {} | generated: {} | TTFT: {:.1} ms | TPOT: {:.2} ms | {:.1} tokens/s | prefill {:.1} tokens/s | finish: {}",
+        info.usage.prompt_tokens,
+        n,
+        t.ttft_s().unwrap_or(0.0) * 1e3,
+        tpot.unwrap_or(0.0) * 1e3,
+        tpot.map_or(0.0, |t| 1.0 / t),
+        info.usage.prompt_tokens as f64 / t.ttft_s().unwrap_or(f64::INFINITY),
+        info.reason.as_str()
     );
+    if let Some(e) = info.error {
+        bail!("generation failed: {e}");
+    }
     Ok(())
 }

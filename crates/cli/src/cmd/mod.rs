@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_throughput;
 pub mod convert;
 pub mod generate;
 pub mod models;
@@ -15,4 +16,59 @@ pub struct ModelArgs {
     /// Worker threads (0 = one per core).
     #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+}
+
+/// The engine's options, with vLLM's flag names where vLLM has the option.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV cache size in bytes; units accepted (4GiB, 512MiB, 2G).
+    #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+    pub kv_cache_memory: u64,
+    /// KV cache element type: auto (= f16), f16, bf16 or f32.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: pagellm_model::KvDtype,
+    /// Most tokens computed in one step, over all requests.
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Most requests running at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Longest prompt + output served (default: the model's context length).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Order of admission: fcfs or priority (lower value first).
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: pagellm_engine::Policy,
+    /// Turn prefix caching off (on by default).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Turn chunked prefill off: a prompt waits until it fits in one step.
+    #[arg(long)]
+    pub no_enable_chunked_prefill: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    pagellm_engine::parse_bytes(s)
+}
+
+impl EngineArgs {
+    pub fn config(&self, threads: usize) -> pagellm_engine::EngineConfig {
+        pagellm_engine::EngineConfig {
+            threads,
+            block_size: self.block_size,
+            kv_cache_memory: self.kv_cache_memory,
+            kv_cache_dtype: self.kv_cache_dtype,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+            max_model_len: self.max_model_len,
+            scheduler: pagellm_engine::SchedulerConfig {
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+                policy: self.scheduling_policy,
+                enable_chunked_prefill: !self.no_enable_chunked_prefill,
+            },
+        }
+    }
 }

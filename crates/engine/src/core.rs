@@ -1,0 +1,545 @@
+//! The engine core: owns the model, the KV cache and the scheduler, and runs steps.
+//!
+//! A step asks the scheduler for a plan, runs one forward pass over the flattened batch
+//! it describes (prefill chunks and decodes mixed), samples a token for every request
+//! whose computed tokens caught up with its tokens, checks stop conditions and sends
+//! each request its new output. It is single-threaded and synchronous; [`crate::Engine`]
+//! runs it on its own thread behind channels.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pagellm_kernels::pool::ThreadPool;
+use pagellm_model::loader::LoadedModel;
+use pagellm_model::{Batch, Logits, PagedKvCache, Workspace};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::kv_cache::{KvCacheManager, PrefixCacheStats};
+use crate::request::{
+    FinishReason, Request, RequestId, RequestParams, RequestStatus, RequestTimes, StopReason, Usage,
+};
+use crate::sampler::Sampler;
+use crate::scheduler::{Scheduler, SchedulerOutput};
+use crate::stop::{StopScan, StopStrings};
+
+/// One update for one request: tokens sampled in a step, their text, and, on the last
+/// update, how and why the request ended.
+#[derive(Debug, Clone)]
+pub struct RequestOutput {
+    pub request_id: RequestId,
+    pub token_ids: Vec<u32>,
+    /// Newly released text (may be empty while a stop string could still match).
+    pub text: String,
+    /// When these tokens were sampled.
+    pub time: Instant,
+    pub finish: Option<FinishInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FinishInfo {
+    pub reason: FinishReason,
+    pub stop_reason: Option<StopReason>,
+    pub usage: Usage,
+    pub times: RequestTimes,
+    pub num_preemptions: usize,
+    /// What went wrong, for `FinishReason::Error`.
+    pub error: Option<String>,
+}
+
+pub type OutputSink = UnboundedSender<RequestOutput>;
+
+/// Limits a request is checked against before it is queued.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineLimits {
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+impl EngineLimits {
+    /// Checks a request and returns its effective output limit. A request that could
+    /// never run is rejected here rather than left waiting.
+    pub fn validate(&self, prompt: &[u32], params: &RequestParams) -> Result<usize, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::TokenOutOfVocab {
+                token: t,
+                vocab_size: self.vocab_size,
+            });
+        }
+        params.sampling.validate()?;
+        if let Some(&t) = params
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.vocab_size)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "stop_token_ids: token id {t} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
+        let room = self.max_model_len.saturating_sub(prompt.len());
+        let max_tokens = match params.max_tokens {
+            Some(0) => {
+                return Err(EngineError::InvalidParam(
+                    "max_tokens must be at least 1".into(),
+                ))
+            }
+            Some(m) => m,
+            None => room,
+        };
+        if prompt.len() + max_tokens > self.max_model_len {
+            return Err(EngineError::ContextLength {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(max_tokens)
+    }
+}
+
+/// Counters and gauges, in vLLM's terms.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks in use.
+    pub kv_cache_usage: f64,
+    pub prefix_cache: PrefixCacheStats,
+    pub num_preemptions: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Finished requests by reason (stop, length, abort, error).
+    pub finished: [u64; 4],
+    pub steps: u64,
+    /// Summed over steps: KV slots holding a token, and slots in allocated blocks,
+    /// over running requests. Their ratio is the cache's memory efficiency.
+    pub kv_slots_used: u64,
+    pub kv_slots_allocated: u64,
+}
+
+impl EngineStats {
+    pub fn kv_slot_utilization(&self) -> Option<f64> {
+        (self.kv_slots_allocated > 0)
+            .then(|| self.kv_slots_used as f64 / self.kv_slots_allocated as f64)
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default)]
+pub struct StepReport {
+    pub num_scheduled_tokens: usize,
+    pub num_scheduled_requests: usize,
+    pub preempted: Vec<RequestId>,
+    pub finished: Vec<RequestId>,
+}
+
+pub struct EngineCore {
+    model: Arc<LoadedModel>,
+    pool: ThreadPool,
+    sched: Scheduler,
+    cache: PagedKvCache,
+    ws: Workspace,
+    batch: Batch,
+    limits: EngineLimits,
+    sinks: HashMap<RequestId, OutputSink>,
+    next_seq: u64,
+    stats: EngineStats,
+}
+
+impl EngineCore {
+    pub fn new(model: Arc<LoadedModel>, config: &EngineConfig) -> Result<Self, EngineError> {
+        let t = &model.transformer;
+        let c = &t.config;
+        let sc = &config.scheduler;
+        let bad = |m: String| Err(EngineError::Config(m));
+        if config.block_size == 0 || config.block_size > 1024 {
+            return bad(format!(
+                "--block-size must be between 1 and 1024, got {}",
+                config.block_size
+            ));
+        }
+        if sc.max_num_seqs == 0 {
+            return bad("--max-num-seqs must be at least 1".into());
+        }
+        if sc.max_num_batched_tokens < sc.max_num_seqs {
+            return bad(format!(
+                "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({})",
+                sc.max_num_batched_tokens, sc.max_num_seqs
+            ));
+        }
+        let max_model_len = match config.max_model_len {
+            Some(0) => return bad("--max-model-len must be at least 1".into()),
+            Some(m) if m > t.max_context() => {
+                return bad(format!(
+                    "--max-model-len {m} exceeds the model's context length of {}",
+                    t.max_context()
+                ))
+            }
+            Some(m) => m,
+            None => t.max_context(),
+        };
+        let per_block = PagedKvCache::bytes_per_block(
+            c.n_layers,
+            c.kv_dim(),
+            config.block_size,
+            config.kv_cache_dtype,
+        ) as u64;
+        let num_blocks = (config.kv_cache_memory / per_block) as usize;
+        let need = max_model_len.div_ceil(config.block_size);
+        if num_blocks < need {
+            return bad(format!(
+                "--kv-cache-memory of {} bytes holds {} tokens ({num_blocks} blocks of {} \
+                 tokens, {per_block} bytes each), less than one sequence of the maximum \
+                 length {max_model_len}; raise --kv-cache-memory or lower --max-model-len",
+                config.kv_cache_memory,
+                num_blocks * config.block_size,
+                config.block_size
+            ));
+        }
+        let cache = t.new_paged_cache(config.block_size, num_blocks, config.kv_cache_dtype)?;
+        let kv = KvCacheManager::new(num_blocks, config.block_size, config.enable_prefix_caching);
+        let threads = if config.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            config.threads
+        };
+        tracing::info!(
+            num_blocks,
+            block_size = config.block_size,
+            tokens = num_blocks * config.block_size,
+            dtype = %config.kv_cache_dtype,
+            max_model_len,
+            "KV cache ready"
+        );
+        Ok(Self {
+            limits: EngineLimits {
+                max_model_len,
+                vocab_size: c.vocab_size,
+                num_blocks,
+                block_size: config.block_size,
+            },
+            model,
+            pool: ThreadPool::new(threads),
+            sched: Scheduler::new(sc.clone(), kv),
+            cache,
+            ws: Workspace::default(),
+            batch: Batch::default(),
+            sinks: HashMap::new(),
+            next_seq: 0,
+            stats: EngineStats::default(),
+        })
+    }
+
+    pub fn limits(&self) -> EngineLimits {
+        self.limits
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.sched.has_unfinished()
+    }
+
+    /// Queues a request. `arrival` is when the client sent it (queue time counts from it).
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        params: RequestParams,
+        sink: OutputSink,
+        arrival: Instant,
+    ) -> Result<(), EngineError> {
+        let max_tokens = self.limits.validate(&prompt, &params)?;
+        if self.sched.requests.contains_key(&id) {
+            return Err(EngineError::InvalidParam(format!(
+                "request id {id} is already in use"
+            )));
+        }
+        let sampler = Sampler::new(params.sampling.clone())?;
+        self.next_seq += 1;
+        let req = Request {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            num_cached_tokens: None,
+            max_tokens,
+            status: RequestStatus::Waiting,
+            times: RequestTimes {
+                arrival,
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+                finished: None,
+            },
+            num_preemptions: 0,
+            block_hashes: Vec::new(),
+            sampler,
+            decoder: pagellm_model::tokenizer::IncrementalDecoder::new(true),
+            stop_strings: StopStrings::new(params.stop.clone()),
+            seq: self.next_seq,
+            params,
+        };
+        self.sched.add(req);
+        self.sinks.insert(id, sink);
+        Ok(())
+    }
+
+    /// Ends a request now; its blocks return to the pool. Unknown ids are ignored (the
+    /// request may have finished already).
+    pub fn abort(&mut self, id: RequestId) {
+        self.finish(
+            id,
+            Vec::new(),
+            FinishReason::Abort,
+            None,
+            None,
+            String::new(),
+            Instant::now(),
+        );
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.stats.clone();
+        s.num_running = self.sched.num_running();
+        s.num_waiting = self.sched.num_waiting();
+        s.kv_cache_usage = self.sched.kv.usage();
+        s.prefix_cache = self.sched.kv.prefix_stats;
+        s.num_preemptions = self.sched.num_preemptions;
+        s
+    }
+
+    /// Pool and block-table invariants (for tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.sched.kv.check_invariants()
+    }
+
+    /// Runs one step. Returns an empty report when there is nothing to do.
+    pub fn step(&mut self) -> StepReport {
+        // Clients that went away: abort before spending compute on them.
+        let gone: Vec<RequestId> = self
+            .sinks
+            .iter()
+            .filter(|(_, s)| s.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.abort(id);
+        }
+
+        let plan = self.sched.schedule();
+        let mut report = StepReport {
+            num_scheduled_tokens: plan.num_tokens(),
+            num_scheduled_requests: plan.scheduled.len(),
+            preempted: plan.preempted.clone(),
+            finished: Vec::new(),
+        };
+        if plan.scheduled.is_empty() {
+            return report;
+        }
+        self.stats.steps += 1;
+        let (used, allocated) = self.slot_usage(&plan);
+        self.stats.kv_slots_used += used as u64;
+        self.stats.kv_slots_allocated += allocated as u64;
+
+        let rows = self.build_batch(&plan);
+        let result = self
+            .model
+            .transformer
+            .forward_batch(&self.pool, &mut self.ws, &mut self.cache, &self.batch)
+            .map(|_| ());
+        if let Err(e) = result {
+            let msg = e.to_string();
+            tracing::error!(error = %msg, "forward pass failed");
+            for &(id, _) in &plan.scheduled {
+                self.finish(
+                    id,
+                    Vec::new(),
+                    FinishReason::Error,
+                    None,
+                    Some(msg.clone()),
+                    String::new(),
+                    Instant::now(),
+                );
+                report.finished.push(id);
+            }
+            return report;
+        }
+
+        let now = Instant::now();
+        let vocab = self.limits.vocab_size;
+        for (i, &(id, n)) in plan.scheduled.iter().enumerate() {
+            let req = self.sched.requests.get_mut(&id).expect("scheduled request");
+            if req.num_computed_tokens < req.prompt_len {
+                self.stats.prompt_tokens += n.min(req.prompt_len - req.num_computed_tokens) as u64;
+            }
+            req.num_computed_tokens += n;
+            let Some(row) = rows[i] else { continue };
+            let logits = &mut self.ws.logits[row * vocab..(row + 1) * vocab];
+            let prompt_len = req.prompt_len;
+            let tok =
+                req.sampler
+                    .sample(logits, &req.tokens[..prompt_len], &req.tokens[prompt_len..]);
+            if let Some(fid) = self.on_token(id, tok, now) {
+                report.finished.push(fid);
+            }
+        }
+        report
+    }
+
+    /// Fills the batch from the plan; returns each scheduled request's logits row.
+    fn build_batch(&mut self, plan: &SchedulerOutput) -> Vec<Option<usize>> {
+        self.batch.clear();
+        let mut rows = Vec::with_capacity(plan.scheduled.len());
+        let mut next_row = 0;
+        for &(id, n) in &plan.scheduled {
+            let r = &self.sched.requests[&id];
+            let start = r.num_computed_tokens;
+            let samples = start + n == r.num_tokens();
+            self.batch.push(
+                &r.tokens[start..start + n],
+                start,
+                r.decode_from(),
+                self.sched.kv.blocks(id),
+                if samples { Logits::Last } else { Logits::None },
+            );
+            rows.push(samples.then(|| {
+                next_row += 1;
+                next_row - 1
+            }));
+        }
+        rows
+    }
+
+    fn slot_usage(&self, plan: &SchedulerOutput) -> (usize, usize) {
+        let bs = self.limits.block_size;
+        plan.scheduled.iter().fold((0, 0), |(u, a), &(id, n)| {
+            let r = &self.sched.requests[&id];
+            (
+                u + r.num_computed_tokens + n,
+                a + self.sched.kv.blocks(id).len() * bs,
+            )
+        })
+    }
+
+    /// Appends a sampled token, checks stop conditions and sends the update. Returns
+    /// the id if the request finished.
+    fn on_token(&mut self, id: RequestId, tok: u32, now: Instant) -> Option<RequestId> {
+        let tokenizer = &self.model.tokenizer;
+        let max_model_len = self.limits.max_model_len;
+        let block_size = self.limits.block_size;
+        let req = self.sched.requests.get_mut(&id)?;
+        req.tokens.push(tok);
+        req.update_block_hashes(block_size);
+        req.times.first_token.get_or_insert(now);
+        req.times.last_token = Some(now);
+        self.stats.generation_tokens += 1;
+
+        let n_out = req.num_output_tokens();
+        let past_min = n_out > req.params.min_tokens;
+        let mut finish = None;
+        let mut text = String::new();
+        if past_min
+            && ((!req.params.ignore_eos && tokenizer.is_eog(tok))
+                || req.params.stop_token_ids.contains(&tok))
+        {
+            finish = Some((FinishReason::Stop, Some(StopReason::Token(tok))));
+        } else if req.params.detokenize {
+            let piece = req.decoder.push(tokenizer, tok).unwrap_or_default();
+            match req.stop_strings.push(&piece) {
+                StopScan::Continue(t) => text = t,
+                StopScan::Stopped { text: t, stop } => {
+                    text = t;
+                    finish = Some((FinishReason::Stop, Some(StopReason::Text(stop))));
+                }
+            }
+        }
+        if finish.is_none() && (n_out >= req.max_tokens || req.num_tokens() >= max_model_len) {
+            finish = Some((FinishReason::Length, None));
+        }
+        match finish {
+            None => {
+                let out = RequestOutput {
+                    request_id: id,
+                    token_ids: vec![tok],
+                    text,
+                    time: now,
+                    finish: None,
+                };
+                if self.sinks.get(&id).is_some_and(|s| s.send(out).is_err()) {
+                    // The receiver is gone: nobody wants the rest.
+                    self.abort(id);
+                    return Some(id);
+                }
+                None
+            }
+            Some((reason, stop_reason)) => {
+                if !matches!(stop_reason, Some(StopReason::Text(_))) {
+                    // Release text held back for stop strings and incomplete characters.
+                    let req = self.sched.requests.get_mut(&id)?;
+                    if req.params.detokenize {
+                        let tail = req.decoder.finish().unwrap_or_default();
+                        match req.stop_strings.push(&tail) {
+                            StopScan::Continue(t) => {
+                                text.push_str(&t);
+                                text.push_str(&req.stop_strings.flush());
+                            }
+                            StopScan::Stopped { text: t, .. } => text.push_str(&t),
+                        }
+                    }
+                }
+                self.finish(id, vec![tok], reason, stop_reason, None, text, now);
+                Some(id)
+            }
+        }
+    }
+
+    /// Ends a request: removes it, frees its blocks and sends the final update.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        id: RequestId,
+        token_ids: Vec<u32>,
+        reason: FinishReason,
+        stop_reason: Option<StopReason>,
+        error: Option<String>,
+        text: String,
+        now: Instant,
+    ) {
+        let Some(mut req) = self.sched.remove(id) else {
+            return;
+        };
+        req.times.finished = Some(now);
+        self.stats.finished[reason as usize] += 1;
+        if let Some(sink) = self.sinks.remove(&id) {
+            let _ = sink.send(RequestOutput {
+                request_id: id,
+                token_ids,
+                text,
+                time: now,
+                finish: Some(FinishInfo {
+                    reason,
+                    stop_reason,
+                    usage: req.usage(),
+                    times: req.times.clone(),
+                    num_preemptions: req.num_preemptions,
+                    error,
+                }),
+            });
+        }
+    }
+}

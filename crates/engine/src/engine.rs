@@ -1,0 +1,182 @@
+//! [`Engine`]: the engine core on its own thread. Clients submit requests from any
+//! thread (or async task) and read their outputs from a channel; the engine thread
+//! never waits on a client. A dropped [`RequestStream`] aborts its request at the next
+//! step and returns its blocks to the pool.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use pagellm_model::loader::LoadedModel;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::config::EngineConfig;
+use crate::core::{EngineCore, EngineLimits, EngineStats, OutputSink, RequestOutput};
+use crate::error::EngineError;
+use crate::request::{RequestId, RequestParams};
+
+enum Command {
+    Add {
+        id: RequestId,
+        prompt: Vec<u32>,
+        params: RequestParams,
+        sink: OutputSink,
+        arrival: Instant,
+    },
+    Abort(RequestId),
+    Shutdown,
+}
+
+pub struct Engine {
+    tx: mpsc::Sender<Command>,
+    limits: EngineLimits,
+    model: Arc<LoadedModel>,
+    next_id: AtomicU64,
+    stats: Arc<Mutex<EngineStats>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The outputs of one request, ending with the one that carries `finish`.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: UnboundedReceiver<RequestOutput>,
+}
+
+impl RequestStream {
+    /// The next update, blocking; `None` after the final one.
+    pub fn blocking_next(&mut self) -> Option<RequestOutput> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next update; `None` after the final one.
+    pub async fn next(&mut self) -> Option<RequestOutput> {
+        self.rx.recv().await
+    }
+}
+
+impl Engine {
+    /// Builds the engine core (allocating the KV cache) and starts its thread.
+    pub fn start(model: Arc<LoadedModel>, config: &EngineConfig) -> Result<Self, EngineError> {
+        let core = EngineCore::new(model.clone(), config)?;
+        let limits = core.limits();
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(core.stats()));
+        let shared = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("pagellm-engine".into())
+            .spawn(move || run(core, rx, shared))
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            tx,
+            limits,
+            model,
+            next_id: AtomicU64::new(1),
+            stats,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn limits(&self) -> EngineLimits {
+        self.limits
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+
+    /// Queues a request; it is checked here, so a request that can never run fails
+    /// now with a clear error instead of waiting.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        params: RequestParams,
+    ) -> Result<RequestStream, EngineError> {
+        self.limits.validate(&prompt, &params)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (sink, rx) = unbounded_channel();
+        self.tx
+            .send(Command::Add {
+                id,
+                prompt,
+                params,
+                sink,
+                arrival: Instant::now(),
+            })
+            .map_err(|_| EngineError::ShutDown)?;
+        Ok(RequestStream { id, rx })
+    }
+
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// The counters as of the last step.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Aborts everything and stops the thread.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
+    loop {
+        // Busy: take what has arrived and step. Idle: sleep until a command comes.
+        let mut cmds = Vec::new();
+        if core.has_unfinished() {
+            while let Ok(c) = rx.try_recv() {
+                cmds.push(c);
+            }
+        } else {
+            match rx.recv() {
+                Ok(c) => cmds.push(c),
+                Err(_) => return,
+            }
+        }
+        for c in cmds {
+            match c {
+                Command::Add {
+                    id,
+                    prompt,
+                    params,
+                    sink,
+                    arrival,
+                } => {
+                    if let Err(e) = core.add_request(id, prompt, params, sink, arrival) {
+                        // Checked at submission; only a race with a limit change lands here.
+                        tracing::warn!(request = id, error = %e, "request rejected");
+                    }
+                }
+                Command::Abort(id) => core.abort(id),
+                Command::Shutdown => {
+                    let ids: Vec<RequestId> = core.scheduler().requests.keys().copied().collect();
+                    for id in ids {
+                        core.abort(id);
+                    }
+                    publish(&core, &stats);
+                    return;
+                }
+            }
+        }
+        core.step();
+        publish(&core, &stats);
+    }
+}
+
+fn publish(core: &EngineCore, stats: &Mutex<EngineStats>) {
+    if let Ok(mut s) = stats.lock() {
+        *s = core.stats();
+    }
+}

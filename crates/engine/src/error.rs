@@ -1,0 +1,32 @@
+use pagellm_model::ModelError;
+
+use crate::sampler::SamplingError;
+
+/// Why the engine refused a request or a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("prompt token id {token} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfVocab { token: u32, vocab_size: usize },
+    #[error(
+        "this request needs {prompt_tokens} prompt tokens plus max_tokens {max_tokens}, \
+         more than the maximum context length of {max_model_len}; shorten the prompt or \
+         lower max_tokens"
+    )]
+    ContextLength {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        max_model_len: usize,
+    },
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error("{0}")]
+    InvalidParam(String),
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("the engine has shut down")]
+    ShutDown,
+}
