@@ -19,11 +19,10 @@ use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::kv_cache::{KvCacheManager, PrefixCacheStats};
 use crate::request::{
-    FinishReason, Request, RequestId, RequestParams, RequestStatus, RequestTimes, StopReason, Usage,
+    FinishReason, Request, RequestId, RequestParams, RequestTimes, StopReason, Usage,
 };
-use crate::sampler::Sampler;
 use crate::scheduler::{Scheduler, SchedulerOutput};
-use crate::stop::{StopScan, StopStrings};
+use crate::stop::StopScan;
 
 /// One update for one request: tokens sampled in a step, their text, and, on the last
 /// update, how and why the request ended.
@@ -50,6 +49,9 @@ pub struct FinishInfo {
 }
 
 pub type OutputSink = UnboundedSender<RequestOutput>;
+
+/// Sees every logits row before sampling (tests compare runs bit for bit with it).
+pub type LogitsProbe = Box<dyn FnMut(RequestId, &[f32]) + Send>;
 
 /// Limits a request is checked against before it is queued.
 #[derive(Debug, Clone, Copy)]
@@ -152,6 +154,7 @@ pub struct EngineCore {
     sinks: HashMap<RequestId, OutputSink>,
     next_seq: u64,
     stats: EngineStats,
+    probe: Option<LogitsProbe>,
 }
 
 impl EngineCore {
@@ -235,11 +238,17 @@ impl EngineCore {
             sinks: HashMap::new(),
             next_seq: 0,
             stats: EngineStats::default(),
+            probe: None,
         })
     }
 
     pub fn limits(&self) -> EngineLimits {
         self.limits
+    }
+
+    /// Installs a hook that sees each request's logits before sampling.
+    pub fn set_logits_probe(&mut self, probe: Option<LogitsProbe>) {
+        self.probe = probe;
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {
@@ -269,31 +278,8 @@ impl EngineCore {
                 "request id {id} is already in use"
             )));
         }
-        let sampler = Sampler::new(params.sampling.clone())?;
         self.next_seq += 1;
-        let req = Request {
-            id,
-            prompt_len: prompt.len(),
-            tokens: prompt,
-            num_computed_tokens: 0,
-            num_cached_tokens: None,
-            max_tokens,
-            status: RequestStatus::Waiting,
-            times: RequestTimes {
-                arrival,
-                first_scheduled: None,
-                first_token: None,
-                last_token: None,
-                finished: None,
-            },
-            num_preemptions: 0,
-            block_hashes: Vec::new(),
-            sampler,
-            decoder: pagellm_model::tokenizer::IncrementalDecoder::new(true),
-            stop_strings: StopStrings::new(params.stop.clone()),
-            seq: self.next_seq,
-            params,
-        };
+        let req = Request::new(id, self.next_seq, prompt, params, max_tokens, arrival)?;
         self.sched.add(req);
         self.sinks.insert(id, sink);
         Ok(())
@@ -390,6 +376,9 @@ impl EngineCore {
             req.num_computed_tokens += n;
             let Some(row) = rows[i] else { continue };
             let logits = &mut self.ws.logits[row * vocab..(row + 1) * vocab];
+            if let Some(p) = self.probe.as_mut() {
+                p(id, logits);
+            }
             let prompt_len = req.prompt_len;
             let tok =
                 req.sampler

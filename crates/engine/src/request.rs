@@ -160,6 +160,40 @@ pub struct Request {
 }
 
 impl Request {
+    /// A waiting request; `max_tokens` is its output limit after validation.
+    pub fn new(
+        id: RequestId,
+        seq: u64,
+        prompt: Vec<u32>,
+        params: RequestParams,
+        max_tokens: usize,
+        arrival: Instant,
+    ) -> Result<Self, crate::sampler::SamplingError> {
+        Ok(Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            num_cached_tokens: None,
+            max_tokens,
+            status: RequestStatus::Waiting,
+            times: RequestTimes {
+                arrival,
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+                finished: None,
+            },
+            num_preemptions: 0,
+            block_hashes: Vec::new(),
+            sampler: Sampler::new(params.sampling.clone())?,
+            decoder: IncrementalDecoder::new(true),
+            stop_strings: StopStrings::new(params.stop.clone()),
+            seq,
+            params,
+        })
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()
     }

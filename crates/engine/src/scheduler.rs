@@ -145,6 +145,18 @@ impl Scheduler {
         }
     }
 
+    /// Preempts a running request now (as running out of blocks would); false if it is
+    /// not running.
+    pub fn preempt_request(&mut self, id: RequestId) -> bool {
+        match self.running.iter().position(|&r| r == id) {
+            Some(i) => {
+                self.preempt(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn preempt(&mut self, idx: usize) -> RequestId {
         let id = self.running.remove(idx);
         self.kv.free(id);
