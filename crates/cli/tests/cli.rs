@@ -213,3 +213,96 @@ fn convert_refuses_a_non_empty_directory() {
     assert!(e.contains("not empty") || e.contains("non-empty"), "{e}");
     assert!(dir.path().join("keep.txt").exists());
 }
+
+#[test]
+fn generate_stops_at_a_stop_string() {
+    let o = pagellm(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "-n",
+        "24",
+        "--stop",
+        "United",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with(" Paris."), "{out:?}");
+    assert!(!out.contains("United"), "{out:?}");
+    assert!(stderr(&o).contains("finish: stop"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_throughput_reports_and_writes_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("t.json");
+    let o = pagellm(&[
+        "bench",
+        "throughput",
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "20",
+        "--output-len",
+        "5",
+        "--random-range-ratio",
+        "0.5",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("output tokens/s"), "{out}");
+    assert!(
+        out.contains("KV slots used by tokens / slots allocated"),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["num_prompts"], 6);
+    for k in [
+        "elapsed_s",
+        "requests_per_s",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    // Output lengths were drawn from [3, 8]: the total is within 6*3..=6*8.
+    let n = v["output_tokens"].as_u64().unwrap();
+    assert!((18..=48).contains(&n), "{n}");
+    let rps = v["requests_per_s"].as_f64().unwrap();
+    let elapsed = v["elapsed_s"].as_f64().unwrap();
+    assert!((rps * elapsed - 6.0).abs() < 1e-6);
+}
+
+#[test]
+fn bad_engine_flags_are_rejected_with_the_flag_named() {
+    for (args, word) in [
+        (
+            &["generate", "-p", "hi", "--kv-cache-memory", "lots"][..],
+            "lots",
+        ),
+        (
+            &["generate", "-p", "hi", "--kv-cache-dtype", "int3"],
+            "int3",
+        ),
+        (
+            &["generate", "-p", "hi", "--scheduling-policy", "random"],
+            "random",
+        ),
+    ] {
+        let o = pagellm(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(word), "{args:?}: {}", stderr(&o));
+    }
+    let e = fails(&["generate", "-p", "hi", "--kv-cache-memory", "1MiB"]);
+    assert!(e.contains("--kv-cache-memory"), "{e}");
+    let e = fails(&["generate", "-p", "hi", "--max-num-seqs", "0"]);
+    assert!(e.contains("--max-num-seqs"), "{e}");
+    let e = fails(&["bench", "throughput", "--num-prompts", "0"]);
+    assert!(e.contains("--num-prompts"), "{e}");
+}
