@@ -418,3 +418,31 @@ fn a_cache_that_cannot_hold_one_sequence_is_a_configuration_error() {
     c.kv_cache_memory = bytes_for_blocks(&m, 64, 16);
     assert_eq!(EngineCore::new(m, &c).unwrap().limits().num_blocks, 64);
 }
+
+#[test]
+fn bf16_and_f32_kv_caches_serve_the_same_answer() {
+    let _g = serial();
+    let m = model();
+    let prompt = m
+        .tokenizer
+        .encode("The capital of France is", true, true)
+        .unwrap();
+    let mut texts = Vec::new();
+    for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+        let mut c = config();
+        c.kv_cache_dtype = dtype;
+        let (out, core) = run_all(&c, vec![(prompt.clone(), greedy(2))]);
+        // Half the bytes per block for 16-bit types: twice the blocks for f32's memory.
+        let per_token = core.limits().num_blocks * core.limits().block_size;
+        texts.push((dtype, out[0].text.clone(), per_token));
+    }
+    for (dtype, text, _) in &texts {
+        assert_eq!(text, " Paris.", "{dtype}");
+    }
+    assert_eq!(texts[0].2, texts[1].2);
+    assert_eq!(
+        texts[0].2,
+        2 * texts[2].2,
+        "f32 entries take twice the memory"
+    );
+}
