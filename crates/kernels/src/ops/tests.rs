@@ -1,6 +1,6 @@
 //! Fast kernels against their scalar twins.
 
-use super::attention::{attention, attention_ref, AttnShape, ContiguousKv};
+use super::attention::{attention, attention_ref, AttnSeq, AttnShape, ContiguousKv};
 use super::*;
 use crate::pool::ThreadPool;
 use proptest::prelude::*;
@@ -78,12 +78,12 @@ proptest! {
         let k: Vec<half::f16> = (0..kvlen).map(|_| half::f16::from_f32(rng.gen_range(-1.0..1.0))).collect();
         let v: Vec<half::f16> = (0..kvlen).map(|_| half::f16::from_f32(rng.gen_range(-1.0..1.0))).collect();
         let q: Vec<f32> = (0..n_tokens * 4 * head_dim).map(|_| rng.gen_range(-2.0..2.0)).collect();
-        let positions: Vec<usize> = (past..ctx).collect();
         let kv = ContiguousKv { k: &k, v: &v, n_kv_heads: 2, head_dim };
+        let seq = AttnSeq { token0: 0, pos0: past, n_tokens, decode_from: usize::MAX, kv };
         let mut fast = vec![0.0; q.len()];
         let mut slow = vec![0.0; q.len()];
-        attention(&ThreadPool::new(2), shape, &q, &positions, &kv, &mut fast);
-        attention_ref(shape, &q, &positions, &kv, &mut slow);
+        attention(&ThreadPool::new(2), shape, &q, std::slice::from_ref(&seq), &mut fast);
+        attention_ref(shape, &q, past, &seq.kv, &mut slow);
         for (a, b) in fast.iter().zip(&slow) {
             // The fast path rounds q and the probabilities to f16 as llama.cpp does.
             prop_assert!((a - b).abs() < 5e-3, "{a} vs {b}");
