@@ -391,8 +391,11 @@ const _: () = assert!(
 /// As for [`kernel`]: the CPU must support AVX2, FMA and F16C.
 pub(super) unsafe fn tile_kernel(ty: GgmlType) -> Option<TileQ8Fn> {
     match ty {
+        GgmlType::Q4_0 => Some(tile_q4_0),
         GgmlType::Q4_1 => Some(tile_q4_1),
+        GgmlType::Q5_0 => Some(tile_q5_0),
         GgmlType::Q5_1 => Some(tile_q5_1),
+        GgmlType::Q8_0 => Some(tile_q8_0),
         _ => None,
     }
 }
@@ -534,6 +537,77 @@ min_tile!(q5_1_t, 24, |x| _mm256_or_si256(
         _mm256_set1_epi8(0x10)
     )
 ));
+/// Tile twin of `signed_kernel!`: `$load(x)` yields the f32 weight scale and the 32
+/// signed weight bytes of the block at `x`.
+macro_rules! signed_tile {
+    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        /// # Safety
+        /// As for the `min_tile!` kernels (`sc` only needs the `d` scales).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(
+            w: *const u8,
+            rb: usize,
+            a: *const BlockQ8,
+            sc: *const ActScales4,
+            nb: usize,
+            out: &mut [[f32; 4]; TILE_W],
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); 4]; TILE_W];
+            for b in 0..nb {
+                // SAFETY: block b of both weight rows, of the four activation rows and
+                // of the scales is in bounds by the contract above.
+                unsafe {
+                    let x0 = w.add($bytes * b);
+                    let s4 = &*sc.add(b);
+                    let (d0, q0): (f32, __m256i) = {
+                        let $x = x0;
+                        $load
+                    };
+                    let (d1, q1): (f32, __m256i) = {
+                        let $x = x0.add(rb);
+                        $load
+                    };
+                    let d_w = [_mm256_set1_ps(d0), _mm256_set1_ps(d1)];
+                    let q = [q0, q1];
+                    let q_abs = [_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1)];
+                    for r in 0..4 {
+                        let y = act(&*a.add(r * nb + b));
+                        let d_a = bcast_at!(s4.d.as_ptr().add(r));
+                        for j in 0..TILE_W {
+                            let p = _mm256_cvtepi32_ps(dot_ss(q_abs[j], q[j], y));
+                            let scale = _mm256_mul_ps(d_w[j], d_a);
+                            acc[j][r] = _mm256_fmadd_ps(p, scale, acc[j][r]);
+                        }
+                    }
+                }
+            }
+            for j in 0..TILE_W {
+                for r in 0..4 {
+                    out[j][r] = hsum_ps(acc[j][r]);
+                }
+            }
+        }
+    };
+}
+
+signed_tile!(q8_0_t, 34, |x| (ld_f16(x), ld256(x.add(2))));
+signed_tile!(q4_0_t, 18, |x| (
+    ld_f16(x),
+    _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8))
+));
+signed_tile!(q5_0_t, 22, |x| (
+    ld_f16(x),
+    _mm256_or_si256(
+        nibbles32(x.add(6)),
+        _mm256_andnot_si256(
+            bits_to_bytes(u32::from_le(x.add(2).cast::<u32>().read_unaligned())),
+            _mm256_set1_epi8(0xF0u8 as i8)
+        )
+    )
+));
+tile_wrapper!(tile_q8_0, q8_0_t, GgmlType::Q8_0);
+tile_wrapper!(tile_q4_0, q4_0_t, GgmlType::Q4_0);
+tile_wrapper!(tile_q5_0, q5_0_t, GgmlType::Q5_0);
 tile_wrapper!(tile_q4_1, q4_1_t, GgmlType::Q4_1);
 tile_wrapper!(tile_q5_1, q5_1_t, GgmlType::Q5_1);
 
