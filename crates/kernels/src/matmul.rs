@@ -3,9 +3,9 @@
 //! The per-row dot products live in `quant`; this module tiles the work, splits weight
 //! rows across the thread pool and feeds each kernel up to four activation rows at
 //! once so a weight block is unpacked once per four tokens during prefill. Where a
-//! register-tiled kernel exists (the 32-wide formats on AVX2), full groups of four activation
-//! rows go through it two weight rows at a time; it gives each pair the bits of the
-//! per-pair kernel, which handles the rows left over.
+//! register-tiled kernel exists (the 32-wide formats on AVX2), full groups of four
+//! activation rows go through it two weight rows at a time; it gives each pair the
+//! bits of the per-pair kernel, which handles the rows left over.
 //!
 //! Architecture invariant: the value of `out[i][r]` never depends on how the work was
 //! split between threads. For 32-element formats and float weights it depends only on
