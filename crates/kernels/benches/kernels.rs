@@ -5,6 +5,8 @@
 //! like in a tiled matmul, not from one hot row.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
+use pagellm_kernels::pool::ThreadPool;
 use pagellm_kernels::quant::{
     dot_kernel_for, dot_kernel_ref_for, quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k,
     quantize_row_q8k_ref, BlockQ8, BlockQ8K, DotKernel, GgmlType,
@@ -166,5 +168,40 @@ fn bench_quantize(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_dot, bench_quantize);
+/// Whole single-threaded matmuls at SmolLM2-135M's shapes with 64 activation rows
+/// (batched decoding of 64 sequences): attention (576x576) and FFN gate/up (1536x576).
+/// Throughput is in bytes of weights.
+fn bench_matmul(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let pool = ThreadPool::new(1);
+    let mut g = c.benchmark_group("matmul");
+    g.sample_size(30);
+    const N: usize = 64;
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (w_rows, cols) in [(1536, 576), (576, 576)] {
+            let rb = ty.row_bytes(cols).unwrap();
+            // `weights` makes ROWS rows; repeat them to the full height.
+            let base = weights(ty, cols, &mut rng);
+            let data: Vec<u8> = base.iter().copied().cycle().take(rb * w_rows).collect();
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows: w_rows,
+                cols,
+            };
+            let mut x = Activations::new();
+            for v in x.reset(N, cols) {
+                *v = rng.gen_range(-2.0..2.0);
+            }
+            let mut out = vec![0f32; N * w_rows];
+            g.throughput(Throughput::Bytes((rb * w_rows) as u64));
+            g.bench_function(format!("{}/{w_rows}x{cols}/n{N}", ty.name()), |b| {
+                b.iter(|| matmul(&pool, &mut x, w, black_box(&mut out)))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_dot, bench_quantize, bench_matmul);
 criterion_main!(benches);

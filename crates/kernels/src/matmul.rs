@@ -2,7 +2,10 @@
 //!
 //! The per-row dot products live in `quant`; this module tiles the work, splits weight
 //! rows across the thread pool and feeds each kernel up to four activation rows at
-//! once so a weight block is unpacked once per four tokens during prefill.
+//! once so a weight block is unpacked once per four tokens during prefill. Where a
+//! register-tiled kernel exists (the 32-wide formats on AVX2), full groups of four
+//! activation rows go through it two weight rows at a time; it gives each pair the
+//! bits of the per-pair kernel, which handles the rows left over.
 //!
 //! Architecture invariant: the value of `out[i][r]` never depends on how the work was
 //! split between threads. For 32-element formats and float weights it depends only on
@@ -12,7 +15,8 @@
 
 use crate::pool::{SyncPtr, ThreadPool};
 use crate::quant::{
-    dot_kernel_for, quantize_row_q8, quantize_row_q8k, BlockQ8, BlockQ8K, DotKernel, GgmlType,
+    dot_kernel_for, pack_scales4, quantize_row_q8, quantize_row_q8k, tile_kernel_for, ActScales4,
+    BlockQ8, BlockQ8K, DotKernel, GgmlType, TileQ8Fn, TILE_W,
 };
 
 /// A borrowed weight matrix of `rows` rows of `cols` elements in GGML layout.
@@ -33,6 +37,9 @@ pub struct Activations {
     pub cols: usize,
     pub f32: Vec<f32>,
     q8: Vec<BlockQ8>,
+    /// The scales of `q8` packed for the tile kernels, per group of four rows from row
+    /// 0 (full groups only), `cols / 32` entries per group.
+    q8_scales: Vec<ActScales4>,
     q8_valid: bool,
     q8k: Vec<BlockQ8K>,
     q8k_valid: bool,
@@ -45,6 +52,7 @@ impl Activations {
             cols: 0,
             f32: Vec::new(),
             q8: Vec::new(),
+            q8_scales: Vec::new(),
             q8_valid: false,
             q8k: Vec::new(),
             q8k_valid: false,
@@ -88,6 +96,15 @@ impl Activations {
             .zip(self.q8.chunks_exact_mut(nb))
         {
             quantize_row_q8(x, q);
+        }
+        let groups = self.n_rows / 4;
+        self.q8_scales.resize(groups * nb, ActScales4::default());
+        for (q, s) in self
+            .q8
+            .chunks_exact(4 * nb)
+            .zip(self.q8_scales.chunks_exact_mut(nb))
+        {
+            pack_scales4(q, s);
         }
         self.q8_valid = true;
     }
@@ -168,6 +185,9 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
     // The kernel reproducing llama.cpp's path for this product (it depends on the batch
     // size; for repacked Q4_K also on rows arriving in groups of four from row 0).
     let kernels: Vec<DotKernel> = ws.iter().map(|w| dot_kernel_for(w.ty, w.rows, n)).collect();
+    // Register-tiled kernels (TILE_W weight rows x 4 activation rows) where one exists;
+    // they give every pair the per-pair kernel's bits, so the split does not matter.
+    let tiled: Vec<Option<TileQ8Fn>> = ws.iter().map(|w| tile_kernel_for(w.ty)).collect();
     // Threads take tiles from a shared counter in small chunks rather than fixed shares:
     // on shared vCPUs one thread is often slowed down, and a static split would make
     // everyone wait for it at the barrier.
@@ -186,7 +206,27 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
             let mut i0 = 0;
             while i0 < n {
                 let na = (n - i0).min(4);
-                for r in r0..r1 {
+                let mut r_pair = r0;
+                if let (4, Some(t)) = (na, tiled[ji]) {
+                    let nb = x.cols / 32;
+                    let acts = &x.q8[i0 * nb..(i0 + 4) * nb];
+                    let scales = &x.q8_scales[i0 / 4 * nb..(i0 / 4 + 1) * nb];
+                    while r_pair + TILE_W <= r1 {
+                        let mut o = [[0f32; 4]; TILE_W];
+                        let wt = &w.data[r_pair * rb..(r_pair + TILE_W) * rb];
+                        t(wt, acts, scales, &mut o);
+                        for (j, o) in o.iter().enumerate() {
+                            for (k, v) in o.iter().enumerate() {
+                                // SAFETY: as below, for rows r_pair..r_pair + TILE_W of
+                                // this thread's tile.
+                                unsafe { *out.get().add((i0 + k) * stride + r_pair + j) = *v };
+                            }
+                        }
+                        r_pair += TILE_W;
+                    }
+                }
+                // The rows left over by the tiles (or all rows) pair by pair.
+                for r in r_pair..r1 {
                     let row = &w.data[r * rb..(r + 1) * rb];
                     match kernels[ji] {
                         DotKernel::Q8(f) => {
@@ -281,6 +321,83 @@ mod tests {
             let mut out1 = vec![0f32; rows];
             matmul(&pool, &mut one, w_q, &mut out1);
             prop_assert_eq!(&out1[..], &out_q[..rows]);
+        }
+    }
+
+    /// Random rows of a 32-wide weight type: random bytes with finite small f16 scales
+    /// (and mins) in the leading fields of each block.
+    fn rows_of(ty: GgmlType, rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+        let bb = ty.block_bytes();
+        let mut v: Vec<u8> = (0..rows * cols / 32 * bb).map(|_| rng.gen()).collect();
+        let fields: &[usize] = match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+            _ => &[0],
+        };
+        for blk in v.chunks_exact_mut(bb) {
+            for &f in fields {
+                let h = half::f16::from_f32(rng.gen_range(-0.05..0.05));
+                blk[f..f + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        v
+    }
+
+    const TILED_TYPES: [GgmlType; 5] = [
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The tiled matmul gives every cell the bits of the per-pair kernel, and a row's
+        /// outputs do not depend on the batch it is computed in (alone or among up to 70
+        /// rows, whatever tile or remainder it lands in).
+        #[test]
+        fn tiled_matmul_is_pair_kernel_bit_for_bit(
+            seed in 0u64..1_000_000,
+            ty_i in 0usize..TILED_TYPES.len(),
+            n in 1usize..=70,
+            rows in 1usize..=40,
+            blocks in 1usize..=6,
+            pick in 0usize..70,
+        ) {
+            let ty = TILED_TYPES[ty_i];
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let cols = blocks * 32;
+            let data = rows_of(ty, &mut rng, rows, cols);
+            let w = WeightRef { ty, data: &data, rows, cols };
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2f32..2.0)).collect();
+            let pool = ThreadPool::new(2);
+            let mut act = Activations::new();
+            act.reset(n, cols).copy_from_slice(&x);
+            let mut out = vec![0f32; n * rows];
+            matmul(&pool, &mut act, w, &mut out);
+            // Pair by pair with the per-row kernel.
+            let DotKernel::Q8(f) = dot_kernel_for(ty, rows, n) else { unreachable!() };
+            let rb = ty.row_bytes(cols).unwrap();
+            let mut q = vec![BlockQ8::default(); blocks];
+            for i in 0..n {
+                quantize_row_q8(&x[i * cols..(i + 1) * cols], &mut q);
+                for r in 0..rows {
+                    let mut o = [0f32; 4];
+                    f(&data[r * rb..(r + 1) * rb], &q, 1, &mut o);
+                    prop_assert_eq!(
+                        out[i * rows + r].to_bits(), o[0].to_bits(),
+                        "{:?} act row {} weight row {}: {} vs {}", ty, i, r, out[i * rows + r], o[0]
+                    );
+                }
+            }
+            // Batch invariance: one row alone gives the bits it got in the batch.
+            let i = pick % n;
+            let mut one = Activations::new();
+            one.reset(1, cols).copy_from_slice(&x[i * cols..(i + 1) * cols]);
+            let mut out1 = vec![0f32; rows];
+            matmul(&pool, &mut one, w, &mut out1);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&out1), bits(&out[i * rows..(i + 1) * rows]));
         }
     }
 }

@@ -1,6 +1,6 @@
 use super::blocks::scales_mins_k4;
 use super::dot_scalar::{check_f32, check_q};
-use super::{BlockQ8, BlockQ8K, DotKernel, GgmlType, KPath};
+use super::{ActScales4, BlockQ8, BlockQ8K, DotKernel, GgmlType, KPath, TileQ8Fn, TILE_W};
 use std::arch::x86_64::*;
 
 /// The AVX2 kernel for `ty` on llama.cpp path `path` (K-quants only).
@@ -368,6 +368,248 @@ min_kernel!(q5_1, 24, |x| _mm256_or_si256(
         _mm256_set1_epi8(0x10)
     )
 ));
+
+// ---------------------------------------------------------------------------------
+// Tiles: two weight rows x four activation rows per pass over the blocks. Each weight
+// block is unpacked once for the four activation rows and each activation block loaded
+// once for both weight rows; every (weight row, activation row) pair goes through
+// exactly the float operations of the per-pair kernels above, in the same order
+// (`acc = fma(float(p), d_w * d_a, acc)` per block, `summs = fma(m_w, s_a, summs)`, then
+// `hsum8(acc) + summs`), so a result does not depend on whether it came from a tile.
+// Only the bookkeeping differs: `d_w * d_a` is a vector multiply of two broadcasts (the
+// activation scales come packed, see `ActScales4`), and the eight `summs` of a tile
+// advance in one vector FMA.
+
+const _: () = assert!(
+    TILE_W == 2,
+    "the tile kernels are written for two weight rows"
+);
+
+/// The tile kernel for `ty`, where one exists.
+///
+/// # Safety
+/// As for [`kernel`]: the CPU must support AVX2, FMA and F16C.
+pub(super) unsafe fn tile_kernel(ty: GgmlType) -> Option<TileQ8Fn> {
+    match ty {
+        GgmlType::Q4_0 => Some(tile_q4_0),
+        GgmlType::Q4_1 => Some(tile_q4_1),
+        GgmlType::Q5_0 => Some(tile_q5_0),
+        GgmlType::Q5_1 => Some(tile_q5_1),
+        GgmlType::Q8_0 => Some(tile_q8_0),
+        _ => None,
+    }
+}
+
+/// Validates the shapes of a tile call; returns blocks per row.
+#[inline(always)]
+fn check_tile(ty: GgmlType, w_rows: &[u8], n_blocks: usize, n_scales: usize) -> usize {
+    assert!(
+        n_blocks.is_multiple_of(4),
+        "{n_blocks} activation blocks do not split into 4 rows"
+    );
+    let nb = n_blocks / 4;
+    assert_eq!(n_scales, nb, "one ActScales4 per block expected");
+    assert!(
+        ty.row_bytes(nb * 32).map(|rb| rb * TILE_W) == Some(w_rows.len()),
+        "{} weight tile of {} bytes does not match {} activation columns",
+        ty.name(),
+        w_rows.len(),
+        nb * 32
+    );
+    nb
+}
+
+macro_rules! tile_wrapper {
+    ($name:ident, $imp:ident, $ty:expr) => {
+        fn $name(
+            w_rows: &[u8],
+            acts: &[BlockQ8],
+            scales: &[ActScales4],
+            out: &mut [[f32; 4]; TILE_W],
+        ) {
+            let nb = check_tile($ty, w_rows, acts.len(), scales.len());
+            let rb = w_rows.len() / TILE_W;
+            // SAFETY: shapes checked above (TILE_W weight rows of `rb` bytes holding `nb`
+            // blocks each, four activation rows of `nb` blocks, `nb` scale groups); CPU
+            // features are the contract of `tile_kernel`, the only place handing this out.
+            unsafe { $imp(w_rows.as_ptr(), rb, acts.as_ptr(), scales.as_ptr(), nb, out) }
+        }
+    };
+}
+
+/// The `f32` at `$p`, broadcast to eight lanes. In asm so that the value is read back
+/// from memory (a pure load) rather than turned into shuffles, and not hoisted away
+/// from its use. Expands to an unsafe operation: `$p` must be a readable f32.
+macro_rules! bcast_at {
+    ($p:expr) => {{
+        let r: __m256;
+        std::arch::asm!(
+            "vbroadcastss {r}, dword ptr [{p}]",
+            p = in(reg) $p,
+            r = out(ymm_reg) r,
+            options(readonly, nostack, preserves_flags)
+        );
+        r
+    }};
+}
+
+/// Tile twin of `min_kernel!`: `$load(x)` yields the 32 unsigned weight bytes of the
+/// block at `x`, whose first four bytes are the f16 `d` and `m`.
+macro_rules! min_tile {
+    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        /// # Safety
+        /// AVX2/FMA/F16C available; `w` points to two rows of `rb` bytes (`nb` blocks
+        /// each), `a` to four activation rows of `nb` blocks back to back, `sc` to their
+        /// `nb` packed scales.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(
+            w: *const u8,
+            rb: usize,
+            a: *const BlockQ8,
+            sc: *const ActScales4,
+            nb: usize,
+            out: &mut [[f32; 4]; TILE_W],
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); 4]; TILE_W];
+            // Lane 4j + r: `summs` of weight row j with activation row r.
+            let mut summs = _mm256_setzero_ps();
+            // Lanes 4j..4j+4 take lane 2j (d of row j), resp. 2j + 1 (m of row j).
+            let pick_d1 = _mm256_set1_epi32(2);
+            let pick_m = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+            for b in 0..nb {
+                // SAFETY: block b of both weight rows, of the four activation rows and
+                // of the scales is in bounds by the contract above.
+                unsafe {
+                    let x0 = w.add($bytes * b);
+                    let x1 = x0.add(rb);
+                    let s4 = &*sc.add(b);
+                    // [d0, m0, d1, m1] of the two weight blocks.
+                    let h0 = x0.cast::<i32>().read_unaligned();
+                    let h1 = x1.cast::<i32>().read_unaligned();
+                    let dm = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_set_epi32(0, 0, h1, h0)));
+                    let s_a = _mm256_broadcast_ps(&*s4.s.as_ptr().cast::<__m128>());
+                    summs = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dm, pick_m), s_a, summs);
+                    // d_w of row j in all lanes.
+                    let d_w = [
+                        _mm256_broadcastss_ps(_mm256_castps256_ps128(dm)),
+                        _mm256_permutevar8x32_ps(dm, pick_d1),
+                    ];
+                    let q = [
+                        {
+                            let $x = x0;
+                            $load
+                        },
+                        {
+                            let $x = x1;
+                            $load
+                        },
+                    ];
+                    for r in 0..4 {
+                        let y = act(&*a.add(r * nb + b));
+                        // d_a of row r in all lanes, loaded from the packed scales.
+                        let d_a = bcast_at!(s4.d.as_ptr().add(r));
+                        for j in 0..TILE_W {
+                            let p = _mm256_cvtepi32_ps(dot_us(q[j], y));
+                            // d_w * d_a rounded once, as the pair kernel's scalar product.
+                            let scale = _mm256_mul_ps(d_w[j], d_a);
+                            acc[j][r] = _mm256_fmadd_ps(p, scale, acc[j][r]);
+                        }
+                    }
+                }
+            }
+            let mut m = [0f32; 8];
+            // SAFETY: `m` holds eight floats.
+            unsafe { _mm256_storeu_ps(m.as_mut_ptr(), summs) };
+            for j in 0..TILE_W {
+                for r in 0..4 {
+                    out[j][r] = hsum_ps(acc[j][r]) + m[4 * j + r];
+                }
+            }
+        }
+    };
+}
+
+min_tile!(q4_1_t, 20, |x| nibbles32(x.add(4)));
+min_tile!(q5_1_t, 24, |x| _mm256_or_si256(
+    nibbles32(x.add(8)),
+    _mm256_and_si256(
+        bits_to_bytes(u32::from_le(x.add(4).cast::<u32>().read_unaligned())),
+        _mm256_set1_epi8(0x10)
+    )
+));
+/// Tile twin of `signed_kernel!`: `$load(x)` yields the f32 weight scale and the 32
+/// signed weight bytes of the block at `x`.
+macro_rules! signed_tile {
+    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        /// # Safety
+        /// As for the `min_tile!` kernels (`sc` only needs the `d` scales).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(
+            w: *const u8,
+            rb: usize,
+            a: *const BlockQ8,
+            sc: *const ActScales4,
+            nb: usize,
+            out: &mut [[f32; 4]; TILE_W],
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); 4]; TILE_W];
+            for b in 0..nb {
+                // SAFETY: block b of both weight rows, of the four activation rows and
+                // of the scales is in bounds by the contract above.
+                unsafe {
+                    let x0 = w.add($bytes * b);
+                    let s4 = &*sc.add(b);
+                    let (d0, q0): (f32, __m256i) = {
+                        let $x = x0;
+                        $load
+                    };
+                    let (d1, q1): (f32, __m256i) = {
+                        let $x = x0.add(rb);
+                        $load
+                    };
+                    let d_w = [_mm256_set1_ps(d0), _mm256_set1_ps(d1)];
+                    let q = [q0, q1];
+                    let q_abs = [_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1)];
+                    for r in 0..4 {
+                        let y = act(&*a.add(r * nb + b));
+                        let d_a = bcast_at!(s4.d.as_ptr().add(r));
+                        for j in 0..TILE_W {
+                            let p = _mm256_cvtepi32_ps(dot_ss(q_abs[j], q[j], y));
+                            let scale = _mm256_mul_ps(d_w[j], d_a);
+                            acc[j][r] = _mm256_fmadd_ps(p, scale, acc[j][r]);
+                        }
+                    }
+                }
+            }
+            for j in 0..TILE_W {
+                for r in 0..4 {
+                    out[j][r] = hsum_ps(acc[j][r]);
+                }
+            }
+        }
+    };
+}
+
+signed_tile!(q8_0_t, 34, |x| (ld_f16(x), ld256(x.add(2))));
+signed_tile!(q4_0_t, 18, |x| (
+    ld_f16(x),
+    _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8))
+));
+signed_tile!(q5_0_t, 22, |x| (
+    ld_f16(x),
+    _mm256_or_si256(
+        nibbles32(x.add(6)),
+        _mm256_andnot_si256(
+            bits_to_bytes(u32::from_le(x.add(2).cast::<u32>().read_unaligned())),
+            _mm256_set1_epi8(0xF0u8 as i8)
+        )
+    )
+));
+tile_wrapper!(tile_q8_0, q8_0_t, GgmlType::Q8_0);
+tile_wrapper!(tile_q4_0, q4_0_t, GgmlType::Q4_0);
+tile_wrapper!(tile_q5_0, q5_0_t, GgmlType::Q5_0);
+tile_wrapper!(tile_q4_1, q4_1_t, GgmlType::Q4_1);
+tile_wrapper!(tile_q5_1, q5_1_t, GgmlType::Q5_1);
 
 // ---------------------------------------------------------------------------------
 // K-quants.

@@ -193,6 +193,41 @@ pub type DotQ8KFn = fn(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut 
 /// holds `n_act` rows of `cols` floats.
 pub type DotF32Fn = fn(w_row: &[u8], acts: &[f32], n_act: usize, out: &mut [f32; 4]);
 
+/// Weight rows per call of a [`TileQ8Fn`].
+pub const TILE_W: usize = 2;
+
+/// The scales `d` and `s` of block `b` of four activation rows side by side, as the
+/// tile kernels read them: `d[i]` and `s[i]` of row `i`. See [`pack_scales4`].
+#[repr(C, align(32))]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ActScales4 {
+    pub d: [f32; 4],
+    pub s: [f32; 4],
+}
+
+/// Packs the scales of four activation rows of `nb = out.len()` blocks each, stored back
+/// to back in `acts`.
+pub fn pack_scales4(acts: &[BlockQ8], out: &mut [ActScales4]) {
+    let nb = out.len();
+    assert_eq!(acts.len(), 4 * nb, "four rows of {nb} blocks expected");
+    for (b, o) in out.iter_mut().enumerate() {
+        for i in 0..4 {
+            o.d[i] = acts[i * nb + b].d;
+            o.s[i] = acts[i * nb + b].s;
+        }
+    }
+}
+
+/// Dot products of `TILE_W` consecutive weight rows (`w_rows`, GGML bytes, any
+/// alignment) with four activation rows stored back to back in `acts` (each `cols / 32`
+/// blocks, their scales packed in `scales` by [`pack_scales4`]):
+/// `out[j][i] = dot(weight row j, activation row i)`. Each weight block is unpacked
+/// once per tile and each activation block loaded once. Every result is bit for bit
+/// what the [`DotQ8Fn`] of the same weight type gives for that pair, so which products
+/// go through a tile never changes an output. Panics on inconsistent lengths.
+pub type TileQ8Fn =
+    fn(w_rows: &[u8], acts: &[BlockQ8], scales: &[ActScales4], out: &mut [[f32; 4]; TILE_W]);
+
 /// A dot-product kernel and the activation format it consumes.
 #[derive(Debug, Clone, Copy)]
 pub enum DotKernel {
@@ -252,6 +287,19 @@ pub fn dot_kernel_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKernel {
         return unsafe { dot_avx2::kernel(ty, k_path(ty, w_rows, n_rows)) };
     }
     dot_kernel_ref_for(ty, w_rows, n_rows)
+}
+
+/// The register-tiled kernel for weights of type `ty` on this CPU, if there is one
+/// (only SIMD builds have them; the scalar path computes pair by pair). Its results
+/// equal those of `dot_kernel_for(ty, ..)` for every pair.
+pub fn tile_kernel_for(ty: GgmlType) -> Option<TileQ8Fn> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
+        // SAFETY: `simd_level` reports Avx2 only when AVX2, FMA and F16C were detected.
+        return unsafe { dot_avx2::tile_kernel(ty) };
+    }
+    let _ = ty;
+    None
 }
 
 /// The portable twin of [`dot_kernel_for`]; the SIMD kernels are tested against it.
