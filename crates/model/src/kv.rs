@@ -97,10 +97,7 @@ impl Buf {
     fn load(&self, at: usize, dst: &mut [f32]) {
         let r = at..at + dst.len();
         match self {
-            Buf::F16(b) => {
-                let h: &[f16] = b[r].reinterpret_cast();
-                h.convert_to_f32_slice(dst);
-            }
+            Buf::F16(b) => pagellm_kernels::ops::f16_bits_to_f32(&b[r], dst),
             Buf::Bf16(b) => {
                 let h: &[bf16] = b[r].reinterpret_cast();
                 h.convert_to_f32_slice(dst);

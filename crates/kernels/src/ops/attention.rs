@@ -111,6 +111,7 @@ pub fn attention<V: KvView>(
         let mut kf = Vec::new();
         let mut vf = Vec::new();
         let mut scores = Vec::new();
+        let mut lanes = Vec::new();
         let mut q16 = vec![0f32; head_dim];
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -145,6 +146,7 @@ pub fn attention<V: KvView>(
                         &vf[..n * head_dim],
                         scale,
                         &mut scores[..n],
+                        &mut lanes,
                         oh,
                         pos >= s.decode_from,
                     );
@@ -166,12 +168,14 @@ fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
 /// f32 rows, `scores.len()` of them. `decode` selects the summation order llama.cpp uses
 /// for a batch of one token (`ggml_vec_dot_f16`: 32 lanes) instead of the one it uses for
 /// prompt batches (llamafile's tinyBLAS: 8 lanes).
+#[allow(clippy::too_many_arguments)]
 fn attend_one(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     scale: f32,
     scores: &mut [f32],
+    lanes: &mut Vec<f32>,
     out: &mut [f32],
     decode: bool,
 ) {
@@ -179,15 +183,16 @@ fn attend_one(
     if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
         // SAFETY: AVX2+FMA are available; the code is the same as the portable twin,
         // compiled with FMA enabled (fused multiply-adds round identically either way).
-        return unsafe { attend_one_avx2(q, k, v, scale, scores, out, decode) };
+        return unsafe { attend_one_avx2(q, k, v, scale, scores, lanes, out, decode) };
     }
-    attend_one_portable(q, k, v, scale, scores, out, decode)
+    attend_one_portable(q, k, v, scale, scores, lanes, out, decode)
 }
 
 macro_rules! attend_impl {
     ($(#[$attr:meta])* $vis:vis $(unsafe)? fn $name:ident) => {
         $(#[$attr])*
-        $vis fn $name(q: &[f32], k: &[f32], v: &[f32], scale: f32, scores: &mut [f32], out: &mut [f32], decode: bool) {
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name(q: &[f32], k: &[f32], v: &[f32], scale: f32, scores: &mut [f32], lanes: &mut Vec<f32>, out: &mut [f32], decode: bool) {
             let hd = q.len();
             let n = scores.len();
             assert!(k.len() >= n * hd && v.len() >= n * hd && out.len() == hd);
@@ -202,9 +207,9 @@ macro_rules! attend_impl {
             }
             // out[d] = Σ_j p_j v_j[d], lanes by position as the reference's dot over positions.
             if decode {
-                lanes_weighted_sum::<32>(scores, v, out, reduce32);
+                lanes_weighted_sum::<32>(scores, v, lanes, out, reduce32);
             } else {
-                lanes_weighted_sum::<8>(scores, v, out, reduce8);
+                lanes_weighted_sum::<8>(scores, v, lanes, out, reduce8);
             }
         }
     };
@@ -236,11 +241,14 @@ fn lanes_dot<const L: usize>(a: &[f32], b: &[f32], reduce: fn(&[f32; L]) -> f32)
 fn lanes_weighted_sum<const L: usize>(
     p: &[f32],
     v: &[f32],
+    acc: &mut Vec<f32>,
     out: &mut [f32],
     reduce: fn(&[f32; L]) -> f32,
 ) {
     let hd = out.len();
-    let mut acc = vec![0f32; L * hd]; // (lane, dim)
+    // (lane, dim) accumulators; lanes past the number of positions stay zero.
+    acc.clear();
+    acc.resize(L * hd, 0.0);
     for (j, &pj) in p.iter().enumerate() {
         let lane = &mut acc[(j % L) * hd..(j % L + 1) * hd];
         for (a, &x) in lane.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
@@ -354,11 +362,11 @@ mod twin_tests {
             let v: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let (mut s1, mut s2) = (vec![0f32; n], vec![0f32; n]);
             let (mut o1, mut o2) = (vec![0f32; hd], vec![0f32; hd]);
-            attend_one_portable(&q, &k, &v, 0.125, &mut s1, &mut o1, decode);
+            attend_one_portable(&q, &k, &v, 0.125, &mut s1, &mut Vec::new(), &mut o1, decode);
             #[cfg(target_arch = "x86_64")]
             if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
                 // SAFETY: features checked.
-                unsafe { attend_one_avx2(&q, &k, &v, 0.125, &mut s2, &mut o2, decode) };
+                unsafe { attend_one_avx2(&q, &k, &v, 0.125, &mut s2, &mut Vec::new(), &mut o2, decode) };
                 prop_assert_eq!(&o1, &o2);
                 prop_assert_eq!(&s1, &s2);
             }

@@ -41,6 +41,24 @@ pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_bits_to_f32(src: &[u16], dst: &mut [f32]) {
+    let n = src.len();
+    let (ps, pd) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(
+            pd.add(i),
+            _mm256_cvtph_ps(_mm_loadu_si128(ps.add(i) as *const __m128i)),
+        );
+        i += 8;
+    }
+    while i < n {
+        *pd.add(i) = half::f16::from_bits(*ps.add(i)).to_f32();
+        i += 1;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
     let n = a.len();
     let (pa, pb) = (a.as_ptr(), b.as_ptr() as *const u16);

@@ -36,6 +36,20 @@ pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
     scalar::dot_f16(a, b)
 }
 
+/// Converts f16 values (as raw bits) to f32; exact, so every path gives the same result.
+#[inline]
+pub fn f16_bits_to_f32(src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx2 {
+        // SAFETY: the CPU supports F16C (checked by simd_level).
+        return unsafe { avx2::f16_bits_to_f32(src, dst) };
+    }
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_bits(s).to_f32();
+    }
+}
+
 /// `y += alpha * x` for f16 `x`.
 #[inline]
 pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[half::f16]) {
