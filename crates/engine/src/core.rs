@@ -86,7 +86,14 @@ impl EngineLimits {
                 self.vocab_size
             )));
         }
-        let room = self.max_model_len.saturating_sub(prompt.len());
+        if prompt.len() >= self.max_model_len {
+            return Err(EngineError::ContextLength {
+                prompt_tokens: prompt.len(),
+                max_tokens: params.max_tokens.unwrap_or(1),
+                max_model_len: self.max_model_len,
+            });
+        }
+        let room = self.max_model_len - prompt.len();
         let max_tokens = match params.max_tokens {
             Some(0) => {
                 return Err(EngineError::InvalidParam(
@@ -116,6 +123,7 @@ pub struct EngineStats {
     pub kv_cache_usage: f64,
     pub prefix_cache: PrefixCacheStats,
     pub num_preemptions: u64,
+    /// Prompt tokens of admitted requests (each request once, however often recomputed).
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     /// Finished requests by reason (stop, length, abort, error).
@@ -306,6 +314,7 @@ impl EngineCore {
         s.kv_cache_usage = self.sched.kv.usage();
         s.prefix_cache = self.sched.kv.prefix_stats;
         s.num_preemptions = self.sched.num_preemptions;
+        s.prompt_tokens = self.sched.num_prompt_tokens;
         s
     }
 
@@ -370,9 +379,6 @@ impl EngineCore {
         let vocab = self.limits.vocab_size;
         for (i, &(id, n)) in plan.scheduled.iter().enumerate() {
             let req = self.sched.requests.get_mut(&id).expect("scheduled request");
-            if req.num_computed_tokens < req.prompt_len {
-                self.stats.prompt_tokens += n.min(req.prompt_len - req.num_computed_tokens) as u64;
-            }
             req.num_computed_tokens += n;
             let Some(row) = rows[i] else { continue };
             let logits = &mut self.ws.logits[row * vocab..(row + 1) * vocab];

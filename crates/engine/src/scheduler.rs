@@ -81,6 +81,8 @@ pub struct Scheduler {
     waiting: Vec<RequestId>,
     running: Vec<RequestId>,
     pub num_preemptions: u64,
+    /// Prompt tokens of requests admitted for the first time.
+    pub num_prompt_tokens: u64,
 }
 
 impl Scheduler {
@@ -92,6 +94,7 @@ impl Scheduler {
             waiting: Vec::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            num_prompt_tokens: 0,
         }
     }
 
@@ -244,6 +247,7 @@ impl Scheduler {
                 if first_time {
                     self.kv
                         .record_prefix_lookup(r.num_tokens(), computed.num_tokens);
+                    self.num_prompt_tokens += r.prompt_len as u64;
                     r.num_cached_tokens = Some(computed.num_tokens);
                     r.times.first_scheduled = Some(Instant::now());
                 }

@@ -178,6 +178,12 @@ fn results_do_not_depend_on_batch_chunking_or_preemption() {
     order[0].1.priority = 1;
     order.extend(others.iter().cloned());
     let (mut preempted, core) = run_staggered(&tight, order, 1);
+    let total_prompt: usize = batch.iter().map(|r| r.0.len()).sum();
+    assert_eq!(
+        core.stats().prompt_tokens,
+        total_prompt as u64,
+        "recomputation does not count prompt tokens twice"
+    );
     assert!(core.stats().num_preemptions > 0);
     assert!(
         preempted[0].finish.num_preemptions > 0,

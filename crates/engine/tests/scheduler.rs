@@ -382,4 +382,9 @@ fn requests_that_can_never_fit_are_rejected_at_submission() {
         Err(EngineError::TokenOutOfVocab { token: 5000, .. })
     ));
     assert!(limits.validate(&[1; 10], &params(Some(0))).is_err());
+    // A prompt that fills the context leaves no room for even one token.
+    assert!(matches!(
+        limits.validate(&[1; 100], &params(None)),
+        Err(EngineError::ContextLength { .. })
+    ));
 }
