@@ -14,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible API (completions, chat, models, tokenize).
+    Serve(cmd::serve::Args),
     /// Generate text from a prompt (streams to stdout, timings to stderr).
     Generate(cmd::generate::Args),
     /// Print a text's token ids as a JSON array.
@@ -37,6 +39,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Models(c) => cmd::models::run(c),

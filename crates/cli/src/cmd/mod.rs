@@ -3,6 +3,7 @@ pub mod bench_throughput;
 pub mod convert;
 pub mod generate;
 pub mod models;
+pub mod serve;
 pub mod tokenize;
 
 use pagellm_model::registry::DEFAULT_MODEL;

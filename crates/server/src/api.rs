@@ -1,0 +1,586 @@
+//! Endpoint handlers and the OpenAI wire types they speak.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pagellm_engine::{FinishInfo, RequestParams, RequestStream, SamplingParams, StopReason};
+use pagellm_model::chat::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// A prompt as `/v1/completions` accepts it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ChatMsg {
+    role: String,
+    content: Option<String>,
+}
+
+/// The body of both generation endpoints; each uses `prompt` or `messages`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct GenRequest {
+    model: Option<String>,
+    prompt: Option<PromptInput>,
+    messages: Option<Vec<ChatMsg>>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    stop: Option<StopInput>,
+    stop_token_ids: Option<Vec<u32>>,
+    seed: Option<u64>,
+    n: Option<i64>,
+    ignore_eos: Option<bool>,
+    min_tokens: Option<i64>,
+    priority: Option<i32>,
+    user: Option<String>,
+    cache_salt: Option<String>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.config.api_key else {
+        return Ok(());
+    };
+    let ok = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|v| v == key);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+/// Parses a JSON body into `T`, naming the field at fault on a type error.
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}"), None))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+            None,
+        ));
+    }
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad_request(format!("{path}: {}", e.inner()), Some(&path))
+    })
+}
+
+fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if *m != state.config.served_model_name => Err(ApiError::not_found(
+            format!(
+                "the model `{m}` does not exist; this server serves `{}`",
+                state.config.served_model_name
+            ),
+            Some("model"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn non_negative(v: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(x) if x < 0 => Err(ApiError::bad_request(
+            format!("{name} must be non-negative, got {x}"),
+            Some(name),
+        )),
+        Some(x) => Ok(Some(x as usize)),
+        None => Ok(None),
+    }
+}
+
+/// The engine parameters of one choice.
+fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, ApiError> {
+    let max_tokens = non_negative(req.max_completion_tokens.or(req.max_tokens), "max_tokens")?;
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_tokens must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    let sampling = SamplingParams {
+        temperature: req.temperature.unwrap_or(1.0),
+        top_k: req.top_k.map_or(0, |k| k.max(0) as usize),
+        top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p.unwrap_or(0.0),
+        repetition_penalty: req.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        // Choices of one request differ: each gets its own stream of the seed.
+        seed: req.seed.map(|s| s.wrapping_add(choice as u64)),
+    };
+    sampling.validate().map_err(|e| {
+        let pagellm_engine::SamplingError::OutOfRange { name, .. } = &e;
+        ApiError::bad_request(e.to_string(), Some(name))
+    })?;
+    Ok(RequestParams {
+        sampling,
+        // Completions default to 16 tokens (OpenAI); chat to the rest of the context.
+        max_tokens: max_tokens.or(if chat { None } else { Some(16) }),
+        min_tokens: non_negative(req.min_tokens, "min_tokens")?.unwrap_or(0),
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        stop: match &req.stop {
+            None => Vec::new(),
+            Some(StopInput::One(s)) => vec![s.clone()],
+            Some(StopInput::Many(v)) => v.clone(),
+        },
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+        priority: req.priority.unwrap_or(0),
+        cache_salt: req.cache_salt.clone(),
+        detokenize: true,
+    })
+}
+
+fn n_choices(req: &GenRequest) -> Result<usize, ApiError> {
+    match req.n {
+        None => Ok(1),
+        Some(n) if (1..=16).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::bad_request(
+            format!("n must be between 1 and 16, got {n}"),
+            Some("n"),
+        )),
+    }
+}
+
+fn stop_reason_json(s: &Option<StopReason>) -> Value {
+    match s {
+        None => Value::Null,
+        Some(StopReason::Token(t)) => json!(t),
+        Some(StopReason::Text(t)) => json!(t),
+    }
+}
+
+fn finish_str(f: &FinishInfo) -> &'static str {
+    f.reason.as_str()
+}
+
+fn usage_json(finishes: &[&FinishInfo]) -> Value {
+    let prompt: usize = finishes.first().map_or(0, |f| f.usage.prompt_tokens);
+    let completion: usize = finishes.iter().map(|f| f.usage.completion_tokens).sum();
+    let cached = finishes.first().map_or(0, |f| f.usage.cached_prompt_tokens);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// Per-request timing breakdown, in an extra field OpenAI clients ignore.
+fn timings_json(f: &FinishInfo) -> Value {
+    let ms = |x: Option<f64>| x.map(|s| s * 1e3);
+    json!({
+        "queue_ms": ms(f.times.queue_s()),
+        "prefill_ms": ms(f.times.prefill_s()),
+        "decode_ms": ms(f.times.decode_s()),
+        "ttft_ms": ms(f.times.ttft_s()),
+        "e2e_ms": ms(f.times.e2e_s()),
+        "cached_tokens": f.usage.cached_prompt_tokens,
+        "num_preemptions": f.num_preemptions,
+    })
+}
+
+/// Tokenizes the prompts of a completions request (off the engine thread).
+fn completion_prompts(
+    state: &AppState,
+    p: &Option<PromptInput>,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let tok = &state.engine.model().tokenizer;
+    let encode = |s: &str| {
+        tok.encode(s, true, true).map_err(|e| {
+            ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
+        })
+    };
+    let prompts = match p {
+        None => {
+            return Err(ApiError::bad_request(
+                "`prompt` is required",
+                Some("prompt"),
+            ))
+        }
+        Some(PromptInput::Text(s)) => vec![encode(s)?],
+        Some(PromptInput::Texts(v)) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,
+        Some(PromptInput::Ids(v)) => vec![v.clone()],
+        Some(PromptInput::IdLists(v)) => v.clone(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request(
+            "`prompt` is an empty list",
+            Some("prompt"),
+        ));
+    }
+    Ok(prompts)
+}
+
+fn chat_prompt(state: &AppState, msgs: &Option<Vec<ChatMsg>>) -> Result<Vec<u32>, ApiError> {
+    let model = state.engine.model();
+    let Some(msgs) = msgs else {
+        return Err(ApiError::bad_request(
+            "`messages` is required",
+            Some("messages"),
+        ));
+    };
+    if msgs.is_empty() {
+        return Err(ApiError::bad_request(
+            "`messages` must not be empty",
+            Some("messages"),
+        ));
+    }
+    let tmpl = model.chat_template.as_ref().ok_or_else(|| {
+        ApiError::bad_request("this model has no chat template; use /v1/completions", None)
+    })?;
+    let msgs: Vec<ChatMessage> = msgs
+        .iter()
+        .map(|m| ChatMessage {
+            role: m.role.clone(),
+            content: m.content.clone().unwrap_or_default(),
+        })
+        .collect();
+    let text = tmpl.render(&msgs, true).map_err(|e| {
+        ApiError::bad_request(
+            format!("cannot apply the chat template: {e}"),
+            Some("messages"),
+        )
+    })?;
+    model.tokenizer.encode(&text, false, true).map_err(|e| {
+        ApiError::bad_request(
+            format!("cannot tokenize the messages: {e}"),
+            Some("messages"),
+        )
+    })
+}
+
+/// One choice's result.
+struct Choice {
+    text: String,
+    finish: FinishInfo,
+}
+
+async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
+    let mut text = String::new();
+    while let Some(o) = s.next().await {
+        text.push_str(&o.text);
+        if let Some(f) = o.finish {
+            if let Some(e) = &f.error {
+                return Err(ApiError::internal(format!("generation failed: {e}")));
+            }
+            return Ok(Choice { text, finish: f });
+        }
+    }
+    Err(ApiError::internal(
+        "the engine stopped before the request finished",
+    ))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(st, headers, body, Kind::Completion)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(st, headers, body, Kind::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn generate(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    check_key(&st, &headers)?;
+    let req: GenRequest = parse(&body)?;
+    check_model(&st, &req.model)?;
+    let n = n_choices(&req)?;
+    let chat = kind == Kind::Chat;
+    // Tokenization can take a while for long prompts: keep it off the async workers.
+    let (st2, req2) = (st.clone(), req.clone());
+    let prompts = tokio::task::spawn_blocking(move || {
+        if chat {
+            chat_prompt(&st2, &req2.messages).map(|p| vec![p])
+        } else {
+            completion_prompts(&st2, &req2.prompt)
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    // Submit everything first: a request that cannot run fails before any starts.
+    let mut streams = Vec::new();
+    for prompt in &prompts {
+        for c in 0..n {
+            streams.push(st.engine.submit(prompt.clone(), params(&req, chat, c)?)?);
+        }
+    }
+    let id = format!(
+        "{}-{}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        streams[0].id
+    );
+    let model = st.config.served_model_name.clone();
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        return Ok(stream_response(streams, id, model, kind, include_usage));
+    }
+    let mut choices = Vec::new();
+    for s in streams {
+        choices.push(collect(s).await?);
+    }
+    let finishes: Vec<&FinishInfo> = choices.iter().map(|c| &c.finish).collect();
+    let usage = usage_json(&finishes);
+    let timings = timings_json(&choices[0].finish);
+    let choices_json: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match kind {
+            Kind::Completion => json!({
+                "index": i, "text": c.text, "logprobs": null,
+                "finish_reason": finish_str(&c.finish), "stop_reason": stop_reason_json(&c.finish.stop_reason),
+            }),
+            Kind::Chat => json!({
+                "index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": null,
+                "finish_reason": finish_str(&c.finish), "stop_reason": stop_reason_json(&c.finish.stop_reason),
+            }),
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": id,
+        "object": if chat { "chat.completion" } else { "text_completion" },
+        "created": now_s(),
+        "model": model,
+        "choices": choices_json,
+        "usage": usage,
+        "pagellm_timings": timings,
+    }))
+    .into_response())
+}
+
+/// Streams every choice as server-sent events, ending with `data: [DONE]`.
+fn stream_response(
+    streams: Vec<RequestStream>,
+    id: String,
+    model: String,
+    kind: Kind,
+    include_usage: bool,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let created = now_s();
+    let object = if kind == Kind::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    // One forwarding task per choice; the last one to finish sends usage and [DONE].
+    let (done_tx, mut done_rx) = mpsc::channel::<FinishInfo>(streams.len());
+    let n = streams.len();
+    for (index, mut s) in streams.into_iter().enumerate() {
+        let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
+        tokio::spawn(async move {
+            let chunk = |delta: Value, finish: Option<&FinishInfo>| {
+                let choice = match kind {
+                    Kind::Completion => json!({
+                        "index": index, "text": delta, "logprobs": null,
+                        "finish_reason": finish.map(finish_str),
+                        "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
+                    }),
+                    Kind::Chat => json!({
+                        "index": index, "delta": delta, "logprobs": null,
+                        "finish_reason": finish.map(finish_str),
+                        "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
+                    }),
+                };
+                let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                if let Some(f) = finish {
+                    v["pagellm_timings"] = timings_json(f);
+                }
+                Ok(Event::default().data(v.to_string()))
+            };
+            if kind == Kind::Chat
+                && tx
+                    .send(chunk(json!({"role": "assistant", "content": ""}), None))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            while let Some(o) = s.next().await {
+                let delta = match kind {
+                    Kind::Completion => json!(o.text),
+                    Kind::Chat if o.finish.is_some() && o.text.is_empty() => json!({}),
+                    Kind::Chat => json!({"content": o.text}),
+                };
+                let last = o.finish.is_some();
+                if (last || !o.text.is_empty())
+                    && tx.send(chunk(delta, o.finish.as_ref())).await.is_err()
+                {
+                    // The client went away: dropping `s` aborts the request.
+                    return;
+                }
+                if let Some(f) = o.finish {
+                    let _ = done_tx.send(f).await;
+                    return;
+                }
+            }
+        });
+    }
+    drop(done_tx);
+    tokio::spawn(async move {
+        let mut finishes = Vec::new();
+        while let Some(f) = done_rx.recv().await {
+            finishes.push(f);
+        }
+        if finishes.len() == n && include_usage {
+            let refs: Vec<&FinishInfo> = finishes.iter().collect();
+            let v = json!({"id": id, "object": object, "created": created, "model": model,
+                "choices": [], "usage": usage_json(&refs)});
+            let _ = tx.send(Ok(Event::default().data(v.to_string()))).await;
+        }
+        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(rx).map(|e| e)).into_response()
+}
+
+pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = check_key(&st, &headers) {
+        return e.into_response();
+    }
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.config.served_model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "pagellm",
+            "max_model_len": st.engine.limits().max_model_len,
+        }],
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct TokenizeReq {
+    #[serde(default)]
+    model: Option<String>,
+    prompt: String,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+struct DetokenizeReq {
+    #[serde(default)]
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+/// `/tokenize` and `/detokenize` sit outside `/v1` and, as in vLLM, need no API key.
+pub async fn tokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let r = (|| {
+        let req: TokenizeReq = parse(&body)?;
+        check_model(&st, &req.model)?;
+        let tokens = st
+            .engine
+            .model()
+            .tokenizer
+            .encode(&req.prompt, req.add_special_tokens, true)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?;
+        Ok::<_, ApiError>(Json(json!({
+            "count": tokens.len(),
+            "max_model_len": st.engine.limits().max_model_len,
+            "tokens": tokens,
+        })))
+    })();
+    r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+pub async fn detokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let r = (|| {
+        let req: DetokenizeReq = parse(&body)?;
+        check_model(&st, &req.model)?;
+        let vocab = st.engine.limits().vocab_size;
+        if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::bad_request(
+                format!("token id {t} is outside the vocabulary of {vocab}"),
+                Some("tokens"),
+            ));
+        }
+        let prompt = st.engine.model().tokenizer.decode(&req.tokens, false);
+        Ok(Json(json!({"prompt": prompt})))
+    })();
+    r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+pub async fn version() -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
