@@ -16,7 +16,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::StreamExt;
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -206,10 +205,12 @@ fn finish_str(f: &FinishInfo) -> &'static str {
     f.reason.as_str()
 }
 
-fn usage_json(finishes: &[&FinishInfo]) -> Value {
-    let prompt: usize = finishes.first().map_or(0, |f| f.usage.prompt_tokens);
+/// Usage over all choices; `n` choices share each prompt, which counts once.
+fn usage_json(finishes: &[&FinishInfo], n: usize) -> Value {
+    let per_prompt = || finishes.iter().step_by(n.max(1));
+    let prompt: usize = per_prompt().map(|f| f.usage.prompt_tokens).sum();
+    let cached: usize = per_prompt().map(|f| f.usage.cached_prompt_tokens).sum();
     let completion: usize = finishes.iter().map(|f| f.usage.completion_tokens).sum();
-    let cached = finishes.first().map_or(0, |f| f.usage.cached_prompt_tokens);
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -387,14 +388,14 @@ async fn generate(
     let model = st.config.served_model_name.clone();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        return Ok(stream_response(streams, id, model, kind, include_usage));
+        return Ok(stream_response(streams, n, id, model, kind, include_usage));
     }
     let mut choices = Vec::new();
     for s in streams {
         choices.push(collect(s).await?);
     }
     let finishes: Vec<&FinishInfo> = choices.iter().map(|c| &c.finish).collect();
-    let usage = usage_json(&finishes);
+    let usage = usage_json(&finishes, n);
     let timings = timings_json(&choices[0].finish);
     let choices_json: Vec<Value> = choices
         .iter()
@@ -425,6 +426,7 @@ async fn generate(
 /// Streams every choice as server-sent events, ending with `data: [DONE]`.
 fn stream_response(
     streams: Vec<RequestStream>,
+    n_per_prompt: usize,
     id: String,
     model: String,
     kind: Kind,
@@ -437,8 +439,8 @@ fn stream_response(
     } else {
         "text_completion"
     };
-    // One forwarding task per choice; the last one to finish sends usage and [DONE].
-    let (done_tx, mut done_rx) = mpsc::channel::<FinishInfo>(streams.len());
+    // One forwarding task per choice; a last task sends usage and [DONE] once all ended.
+    let (done_tx, mut done_rx) = mpsc::channel::<(usize, FinishInfo)>(streams.len());
     let n = streams.len();
     for (index, mut s) in streams.into_iter().enumerate() {
         let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
@@ -484,7 +486,7 @@ fn stream_response(
                     return;
                 }
                 if let Some(f) = o.finish {
-                    let _ = done_tx.send(f).await;
+                    let _ = done_tx.send((index, f)).await;
                     return;
                 }
             }
@@ -497,14 +499,15 @@ fn stream_response(
             finishes.push(f);
         }
         if finishes.len() == n && include_usage {
-            let refs: Vec<&FinishInfo> = finishes.iter().collect();
+            finishes.sort_by_key(|f| f.0);
+            let refs: Vec<&FinishInfo> = finishes.iter().map(|f| &f.1).collect();
             let v = json!({"id": id, "object": object, "created": created, "model": model,
-                "choices": [], "usage": usage_json(&refs)});
+                "choices": [], "usage": usage_json(&refs, n_per_prompt)});
             let _ = tx.send(Ok(Event::default().data(v.to_string()))).await;
         }
         let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
     });
-    Sse::new(ReceiverStream::new(rx).map(|e| e)).into_response()
+    Sse::new(ReceiverStream::new(rx)).into_response()
 }
 
 pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {

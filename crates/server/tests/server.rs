@@ -155,6 +155,15 @@ fn n_choices_and_seeds() {
         "choices differ from each other"
     );
     assert_eq!(a["usage"]["completion_tokens"], 24);
+    // Two prompts with two choices each: four choices, each prompt counted once.
+    let (s, v) = post_json(
+        "/v1/completions",
+        json!({"prompt": ["Hello", "The capital of France is"], "max_tokens": 3, "n": 2, "seed": 1, "ignore_eos": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 4);
+    assert_eq!(v["usage"]["prompt_tokens"], 1 + 5);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
 }
 
 #[test]
