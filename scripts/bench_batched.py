@@ -22,18 +22,11 @@ Getting llama-batched-bench (the llama.cpp that llama-cpp-python 0.3.36 vendors)
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGELLM = os.path.join(ROOT, "target", "release", "pagellm")
-
-
-def model_path(name: str) -> str:
-    out = subprocess.run([PAGELLM, "models", "pull", name], check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
+from bench_vs_llamacpp import PAGELLM, model_path
 
 
 def run_pagellm(model: str, n: int, p: int, g: int, t: int) -> dict:
