@@ -18,6 +18,9 @@ pub struct EngineConfig {
     /// Longest sequence (prompt + output) served; `None` = the model's context length.
     pub max_model_len: Option<usize>,
     pub scheduler: SchedulerConfig,
+    /// Requests that may wait for admission before [`crate::Engine::submit`] refuses
+    /// more; `None` = no limit.
+    pub max_waiting_requests: Option<usize>,
 }
 
 /// vLLM's CPU backend reserves 4 GiB of KV cache by default (`VLLM_CPU_KVCACHE_SPACE`).
@@ -33,6 +36,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             max_model_len: None,
             scheduler: SchedulerConfig::default(),
+            max_waiting_requests: None,
         }
     }
 }

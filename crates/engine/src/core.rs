@@ -7,6 +7,7 @@
 //! runs it on its own thread behind channels.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +19,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::kv_cache::{KvCacheManager, PrefixCacheStats};
+use crate::logprobs::{LogSoftmax, TokenLogprobs};
+use crate::metrics::LatencyHistograms;
 use crate::request::{
     FinishReason, Request, RequestId, RequestParams, RequestTimes, StopReason, Usage,
 };
@@ -34,6 +37,8 @@ pub struct RequestOutput {
     pub text: String,
     /// When these tokens were sampled.
     pub time: Instant,
+    /// One entry per token in `token_ids` when the request asked for logprobs.
+    pub logprobs: Vec<TokenLogprobs>,
     pub finish: Option<FinishInfo>,
 }
 
@@ -76,6 +81,15 @@ impl EngineLimits {
             });
         }
         params.sampling.validate()?;
+        if let Some(k) = params
+            .logprobs
+            .filter(|&k| k > crate::logprobs::MAX_LOGPROBS)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "logprobs: at most {} alternatives per token, got {k}",
+                crate::logprobs::MAX_LOGPROBS
+            )));
+        }
         if let Some(&t) = params
             .stop_token_ids
             .iter()
@@ -133,6 +147,7 @@ pub struct EngineStats {
     /// over running requests. Their ratio is the cache's memory efficiency.
     pub kv_slots_used: u64,
     pub kv_slots_allocated: u64,
+    pub latency: LatencyHistograms,
 }
 
 impl EngineStats {
@@ -163,6 +178,10 @@ pub struct EngineCore {
     next_seq: u64,
     stats: EngineStats,
     probe: Option<LogitsProbe>,
+    /// Requests submitted to [`crate::Engine`] and not yet admitted; the core counts
+    /// them down as they are first scheduled or end before that.
+    queued: Option<Arc<AtomicUsize>>,
+    num_admitted: u64,
 }
 
 impl EngineCore {
@@ -247,11 +266,24 @@ impl EngineCore {
             next_seq: 0,
             stats: EngineStats::default(),
             probe: None,
+            queued: None,
+            num_admitted: 0,
         })
     }
 
     pub fn limits(&self) -> EngineLimits {
         self.limits
+    }
+
+    /// Counts admitted requests down from `queued` (see [`crate::Engine`]'s waiting limit).
+    pub fn track_queue(&mut self, queued: Arc<AtomicUsize>) {
+        self.queued = Some(queued);
+    }
+
+    fn leave_queue(&self, n: u64) {
+        if let (Some(q), true) = (&self.queued, n > 0) {
+            q.fetch_sub(n as usize, Ordering::AcqRel);
+        }
     }
 
     /// Installs a hook that sees each request's logits before sampling.
@@ -299,12 +331,21 @@ impl EngineCore {
         self.finish(
             id,
             Vec::new(),
+            Vec::new(),
             FinishReason::Abort,
             None,
             None,
             String::new(),
             Instant::now(),
         );
+    }
+
+    /// Aborts every request.
+    pub fn abort_all(&mut self) {
+        let ids: Vec<RequestId> = self.sched.requests.keys().copied().collect();
+        for id in ids {
+            self.abort(id);
+        }
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -337,6 +378,9 @@ impl EngineCore {
         }
 
         let plan = self.sched.schedule();
+        let admitted = self.sched.num_admitted - self.num_admitted;
+        self.num_admitted = self.sched.num_admitted;
+        self.leave_queue(admitted);
         let mut report = StepReport {
             num_scheduled_tokens: plan.num_tokens(),
             num_scheduled_requests: plan.scheduled.len(),
@@ -364,6 +408,7 @@ impl EngineCore {
                 self.finish(
                     id,
                     Vec::new(),
+                    Vec::new(),
                     FinishReason::Error,
                     None,
                     Some(msg.clone()),
@@ -386,10 +431,21 @@ impl EngineCore {
                 p(id, logits);
             }
             let prompt_len = req.prompt_len;
+            // Raw-logit log-softmax: taken before the sampler's penalties edit the row.
+            let pre = req.params.logprobs.map(|k| {
+                let ls = LogSoftmax::new(logits);
+                (ls.top(k), ls.log_z())
+            });
+            let raw = pre.as_ref().map(|_| logits.to_vec());
             let tok =
                 req.sampler
                     .sample(logits, &req.tokens[..prompt_len], &req.tokens[prompt_len..]);
-            if let Some(fid) = self.on_token(id, tok, now) {
+            let logprobs = pre.zip(raw).map(|((top, log_z), raw)| TokenLogprobs {
+                token: tok,
+                logprob: raw[tok as usize] - log_z,
+                top,
+            });
+            if let Some(fid) = self.on_token(id, tok, logprobs, now) {
                 report.finished.push(fid);
             }
         }
@@ -433,13 +489,31 @@ impl EngineCore {
 
     /// Appends a sampled token, checks stop conditions and sends the update. Returns
     /// the id if the request finished.
-    fn on_token(&mut self, id: RequestId, tok: u32, now: Instant) -> Option<RequestId> {
+    fn on_token(
+        &mut self,
+        id: RequestId,
+        tok: u32,
+        logprobs: Option<TokenLogprobs>,
+        now: Instant,
+    ) -> Option<RequestId> {
         let tokenizer = &self.model.tokenizer;
         let max_model_len = self.limits.max_model_len;
         let block_size = self.limits.block_size;
         let req = self.sched.requests.get_mut(&id)?;
         req.tokens.push(tok);
         req.update_block_hashes(block_size);
+        match req.times.last_token {
+            None => {
+                if let Some(t) = RequestTimes::secs(Some(req.times.arrival), Some(now)) {
+                    self.stats.latency.ttft.observe(t);
+                }
+            }
+            Some(prev) => self
+                .stats
+                .latency
+                .inter_token
+                .observe(now.saturating_duration_since(prev).as_secs_f64()),
+        }
         req.times.first_token.get_or_insert(now);
         req.times.last_token = Some(now);
         self.stats.generation_tokens += 1;
@@ -473,6 +547,7 @@ impl EngineCore {
                     token_ids: vec![tok],
                     text,
                     time: now,
+                    logprobs: logprobs.into_iter().collect(),
                     finish: None,
                 };
                 if self.sinks.get(&id).is_some_and(|s| s.send(out).is_err()) {
@@ -497,7 +572,16 @@ impl EngineCore {
                         }
                     }
                 }
-                self.finish(id, vec![tok], reason, stop_reason, None, text, now);
+                self.finish(
+                    id,
+                    vec![tok],
+                    logprobs.into_iter().collect(),
+                    reason,
+                    stop_reason,
+                    None,
+                    text,
+                    now,
+                );
                 Some(id)
             }
         }
@@ -509,6 +593,7 @@ impl EngineCore {
         &mut self,
         id: RequestId,
         token_ids: Vec<u32>,
+        logprobs: Vec<TokenLogprobs>,
         reason: FinishReason,
         stop_reason: Option<StopReason>,
         error: Option<String>,
@@ -520,12 +605,28 @@ impl EngineCore {
         };
         req.times.finished = Some(now);
         self.stats.finished[reason as usize] += 1;
+        if req.times.first_scheduled.is_none() {
+            self.leave_queue(1);
+        }
+        let t = &req.times;
+        let lat = &mut self.stats.latency;
+        for (h, v) in [
+            (&mut lat.e2e, t.e2e_s()),
+            (&mut lat.queue, t.queue_s()),
+            (&mut lat.prefill, t.prefill_s()),
+            (&mut lat.decode, t.decode_s()),
+        ] {
+            if let Some(v) = v {
+                h.observe(v);
+            }
+        }
         if let Some(sink) = self.sinks.remove(&id) {
             let _ = sink.send(RequestOutput {
                 request_id: id,
                 token_ids,
                 text,
                 time: now,
+                logprobs,
                 finish: Some(FinishInfo {
                     reason,
                     stop_reason,

@@ -3,7 +3,7 @@
 //! never waits on a client. A dropped [`RequestStream`] aborts its request at the next
 //! step and returns its blocks to the pool.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -20,11 +20,12 @@ enum Command {
     Add {
         id: RequestId,
         prompt: Vec<u32>,
-        params: RequestParams,
+        params: Box<RequestParams>,
         sink: OutputSink,
         arrival: Instant,
     },
     Abort(RequestId),
+    AbortAll,
     Shutdown,
 }
 
@@ -35,6 +36,9 @@ pub struct Engine {
     next_id: AtomicU64,
     stats: Arc<Mutex<EngineStats>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Submitted and not yet admitted (see `max_waiting_requests`).
+    queued: Arc<AtomicUsize>,
+    max_waiting: Option<usize>,
 }
 
 /// The outputs of one request, ending with the one that carries `finish`.
@@ -58,14 +62,17 @@ impl RequestStream {
 impl Engine {
     /// Builds the engine core (allocating the KV cache) and starts its thread.
     pub fn start(model: Arc<LoadedModel>, config: &EngineConfig) -> Result<Self, EngineError> {
-        let core = EngineCore::new(model.clone(), config)?;
+        let mut core = EngineCore::new(model.clone(), config)?;
         let limits = core.limits();
+        let queued = Arc::new(AtomicUsize::new(0));
+        core.track_queue(queued.clone());
+        let queued2 = queued.clone();
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(core.stats()));
         let shared = stats.clone();
         let thread = std::thread::Builder::new()
             .name("pagellm-engine".into())
-            .spawn(move || run(core, rx, shared))
+            .spawn(move || run(core, rx, shared, queued2))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx,
@@ -74,6 +81,8 @@ impl Engine {
             next_id: AtomicU64::new(1),
             stats,
             thread: Mutex::new(Some(thread)),
+            queued,
+            max_waiting: config.max_waiting_requests,
         })
     }
 
@@ -92,23 +101,61 @@ impl Engine {
         prompt: Vec<u32>,
         params: RequestParams,
     ) -> Result<RequestStream, EngineError> {
-        self.limits.validate(&prompt, &params)?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (sink, rx) = unbounded_channel();
-        self.tx
-            .send(Command::Add {
+        let mut v = self.submit_group(vec![(prompt, params)])?;
+        Ok(v.pop().expect("one stream per request"))
+    }
+
+    /// Queues requests that belong together (the prompts and choices of one API call):
+    /// all are checked first, and the waiting limit admits or refuses them as one, so
+    /// a group larger than the limit still runs when the queue is short.
+    pub fn submit_group(
+        &self,
+        requests: Vec<(Vec<u32>, RequestParams)>,
+    ) -> Result<Vec<RequestStream>, EngineError> {
+        for (prompt, params) in &requests {
+            self.limits.validate(prompt, params)?;
+        }
+        // Reserve places in the queue, or refuse: it never grows past the limit by more
+        // than one group.
+        let limit = self.max_waiting.unwrap_or(usize::MAX);
+        let k = requests.len();
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < limit).then_some(q + k)
+            })
+            .map_err(|_| EngineError::QueueFull { limit })?;
+        let mut streams = Vec::with_capacity(k);
+        for (i, (prompt, params)) in requests.into_iter().enumerate() {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (sink, rx) = unbounded_channel();
+            let add = Command::Add {
                 id,
                 prompt,
-                params,
+                params: Box::new(params),
                 sink,
                 arrival: Instant::now(),
-            })
-            .map_err(|_| EngineError::ShutDown)?;
-        Ok(RequestStream { id, rx })
+            };
+            if self.tx.send(add).is_err() {
+                self.queued.fetch_sub(k - i, Ordering::AcqRel);
+                return Err(EngineError::ShutDown);
+            }
+            streams.push(RequestStream { id, rx });
+        }
+        Ok(streams)
     }
 
     pub fn abort(&self, id: RequestId) {
         let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// Aborts every request and keeps running (the end of a shutdown grace period).
+    pub fn abort_all(&self) {
+        let _ = self.tx.send(Command::AbortAll);
+    }
+
+    /// Requests submitted and not yet admitted to the running batch.
+    pub fn num_queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
     /// The counters as of the last step.
@@ -131,7 +178,12 @@ impl Drop for Engine {
     }
 }
 
-fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
+fn run(
+    mut core: EngineCore,
+    rx: mpsc::Receiver<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    queued: Arc<AtomicUsize>,
+) {
     loop {
         // Busy: take what has arrived and step. Idle: sleep until a command comes.
         let mut cmds = Vec::new();
@@ -154,17 +206,16 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, stats: Arc<Mutex<Engin
                     sink,
                     arrival,
                 } => {
-                    if let Err(e) = core.add_request(id, prompt, params, sink, arrival) {
+                    if let Err(e) = core.add_request(id, prompt, *params, sink, arrival) {
                         // Checked at submission; only a race with a limit change lands here.
                         tracing::warn!(request = id, error = %e, "request rejected");
+                        queued.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
                 Command::Abort(id) => core.abort(id),
+                Command::AbortAll => core.abort_all(),
                 Command::Shutdown => {
-                    let ids: Vec<RequestId> = core.scheduler().requests.keys().copied().collect();
-                    for id in ids {
-                        core.abort(id);
-                    }
+                    core.abort_all();
                     publish(&core, &stats);
                     return;
                 }

@@ -29,4 +29,8 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error("the engine has shut down")]
     ShutDown,
+    #[error(
+        "the server is overloaded: {limit} requests are already waiting (--max-waiting-requests); retry later"
+    )]
+    QueueFull { limit: usize },
 }

@@ -16,6 +16,8 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;
+pub mod logprobs;
+pub mod metrics;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
@@ -27,6 +29,8 @@ pub use crate::core::{
 };
 pub use crate::engine::{Engine, RequestStream};
 pub use crate::error::EngineError;
+pub use crate::logprobs::{TokenLogprobs, MAX_LOGPROBS};
+pub use crate::metrics::{Histogram, LatencyHistograms};
 pub use crate::request::{FinishReason, RequestId, RequestParams, StopReason, Usage};
 pub use crate::scheduler::{Policy, SchedulerConfig};
 pub use sampler::{Sampler, SamplingError, SamplingParams};

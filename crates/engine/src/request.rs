@@ -36,6 +36,9 @@ pub struct RequestParams {
     pub cache_salt: Option<String>,
     /// Produce text deltas (detokenize) alongside token ids.
     pub detokenize: bool,
+    /// Return each sampled token's log-probability and this many alternatives
+    /// (at most [`crate::logprobs::MAX_LOGPROBS`]).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for RequestParams {
@@ -50,6 +53,7 @@ impl Default for RequestParams {
             priority: 0,
             cache_salt: None,
             detokenize: true,
+            logprobs: None,
         }
     }
 }

@@ -83,6 +83,8 @@ pub struct Scheduler {
     pub num_preemptions: u64,
     /// Prompt tokens of requests admitted for the first time.
     pub num_prompt_tokens: u64,
+    /// Requests scheduled for the first time.
+    pub num_admitted: u64,
 }
 
 impl Scheduler {
@@ -95,6 +97,7 @@ impl Scheduler {
             running: Vec::new(),
             num_preemptions: 0,
             num_prompt_tokens: 0,
+            num_admitted: 0,
         }
     }
 
@@ -250,6 +253,7 @@ impl Scheduler {
                     self.num_prompt_tokens += r.prompt_len as u64;
                     r.num_cached_tokens = Some(computed.num_tokens);
                     r.times.first_scheduled = Some(Instant::now());
+                    self.num_admitted += 1;
                 }
                 out.scheduled.push((id, n));
                 budget -= n;

@@ -5,13 +5,18 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pagellm_engine::{FinishInfo, RequestParams, RequestStream, SamplingParams, StopReason};
+use pagellm_engine::{
+    FinishInfo, RequestParams, RequestStream, SamplingParams, StopReason, TokenLogprobs,
+    MAX_LOGPROBS,
+};
 use pagellm_model::chat::ChatMessage;
+use pagellm_model::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -37,6 +42,14 @@ enum StopInput {
     Many(Vec<String>),
 }
 
+/// `logprobs`: a count on `/v1/completions`, a flag on `/v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum LogprobsInput {
+    Flag(bool),
+    Count(i64),
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 struct StreamOptions {
     #[serde(default)]
@@ -46,7 +59,50 @@ struct StreamOptions {
 #[derive(Debug, Clone, Deserialize)]
 struct ChatMsg {
     role: String,
-    content: Option<String>,
+    content: Option<Content>,
+}
+
+/// Message content: a string, or a list of parts of which text parts are supported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+impl Content {
+    fn text(&self, i: usize) -> Result<String, ApiError> {
+        match self {
+            Content::Text(t) => Ok(t.clone()),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        _ => {
+                            return Err(ApiError::bad_request(
+                                format!(
+                                    "messages[{i}].content[{j}]: only text parts are \
+                                     supported, got type `{}`",
+                                    p.kind
+                                ),
+                                Some("messages"),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
 }
 
 /// The body of both generation endpoints; each uses `prompt` or `messages`.
@@ -67,7 +123,8 @@ pub struct GenRequest {
     repetition_penalty: Option<f32>,
     stop: Option<StopInput>,
     stop_token_ids: Option<Vec<u32>>,
-    seed: Option<u64>,
+    seed: Option<i64>,
+    echo: Option<bool>,
     n: Option<i64>,
     ignore_eos: Option<bool>,
     min_tokens: Option<i64>,
@@ -76,6 +133,8 @@ pub struct GenRequest {
     cache_salt: Option<String>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
+    logprobs: Option<LogprobsInput>,
+    top_logprobs: Option<i64>,
 }
 
 fn now_s() -> u64 {
@@ -140,6 +199,43 @@ fn non_negative(v: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// How many alternatives per token the request wants, if it wants logprobs at all.
+fn logprobs(req: &GenRequest, chat: bool) -> Result<Option<usize>, ApiError> {
+    let range = |k: i64, name: &str| {
+        if (0..=MAX_LOGPROBS as i64).contains(&k) {
+            Ok(k as usize)
+        } else {
+            Err(ApiError::bad_request(
+                format!("{name} must be between 0 and {MAX_LOGPROBS}, got {k}"),
+                Some(name),
+            ))
+        }
+    };
+    match (&req.logprobs, chat) {
+        (None | Some(LogprobsInput::Flag(false)), _) => {
+            if chat && req.top_logprobs.is_some_and(|k| k > 0) {
+                return Err(ApiError::bad_request(
+                    "top_logprobs needs logprobs set to true",
+                    Some("top_logprobs"),
+                ));
+            }
+            Ok(None)
+        }
+        (Some(LogprobsInput::Flag(true)), true) => {
+            range(req.top_logprobs.unwrap_or(0), "top_logprobs").map(Some)
+        }
+        (Some(LogprobsInput::Count(k)), false) => range(*k, "logprobs").map(Some),
+        (Some(LogprobsInput::Flag(true)), false) => Err(ApiError::bad_request(
+            "logprobs must be an integer (the number of alternatives per token)",
+            Some("logprobs"),
+        )),
+        (Some(LogprobsInput::Count(_)), true) => Err(ApiError::bad_request(
+            "logprobs must be a boolean; set the number of alternatives with top_logprobs",
+            Some("logprobs"),
+        )),
+    }
+}
+
 /// The engine parameters of one choice.
 fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, ApiError> {
     let max_tokens = non_negative(req.max_completion_tokens.or(req.max_tokens), "max_tokens")?;
@@ -158,7 +254,7 @@ fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, 
         presence_penalty: req.presence_penalty.unwrap_or(0.0),
         frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
         // Choices of one request differ: each gets its own stream of the seed.
-        seed: req.seed.map(|s| s.wrapping_add(choice as u64)),
+        seed: req.seed.map(|s| (s as u64).wrapping_add(choice as u64)),
     };
     sampling.validate().map_err(|e| {
         let pagellm_engine::SamplingError::OutOfRange { name, .. } = &e;
@@ -179,6 +275,7 @@ fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, 
         priority: req.priority.unwrap_or(0),
         cache_salt: req.cache_salt.clone(),
         detokenize: true,
+        logprobs: logprobs(req, chat)?,
     })
 }
 
@@ -238,7 +335,7 @@ fn completion_prompts(
     state: &AppState,
     p: &Option<PromptInput>,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
-    let tok = &state.engine.model().tokenizer;
+    let tok = &state.engine()?.model().tokenizer;
     let encode = |s: &str| {
         tok.encode(s, true, true).map_err(|e| {
             ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
@@ -266,7 +363,7 @@ fn completion_prompts(
 }
 
 fn chat_prompt(state: &AppState, msgs: &Option<Vec<ChatMsg>>) -> Result<Vec<u32>, ApiError> {
-    let model = state.engine.model();
+    let model = state.engine()?.model();
     let Some(msgs) = msgs else {
         return Err(ApiError::bad_request(
             "`messages` is required",
@@ -282,13 +379,19 @@ fn chat_prompt(state: &AppState, msgs: &Option<Vec<ChatMsg>>) -> Result<Vec<u32>
     let tmpl = model.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request("this model has no chat template; use /v1/completions", None)
     })?;
-    let msgs: Vec<ChatMessage> = msgs
+    let msgs = msgs
         .iter()
-        .map(|m| ChatMessage {
-            role: m.role.clone(),
-            content: m.content.clone().unwrap_or_default(),
+        .enumerate()
+        .map(|(i, m)| {
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content: match &m.content {
+                    Some(c) => c.text(i)?,
+                    None => String::new(),
+                },
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, ApiError>>()?;
     let text = tmpl.render(&msgs, true).map_err(|e| {
         ApiError::bad_request(
             format!("cannot apply the chat template: {e}"),
@@ -306,18 +409,25 @@ fn chat_prompt(state: &AppState, msgs: &Option<Vec<ChatMsg>>) -> Result<Vec<u32>
 /// One choice's result.
 struct Choice {
     text: String,
+    logprobs: Vec<TokenLogprobs>,
     finish: FinishInfo,
 }
 
 async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(o) = s.next().await {
         text.push_str(&o.text);
+        logprobs.extend(o.logprobs);
         if let Some(f) = o.finish {
             if let Some(e) = &f.error {
                 return Err(ApiError::internal(format!("generation failed: {e}")));
             }
-            return Ok(Choice { text, finish: f });
+            return Ok(Choice {
+                text,
+                logprobs,
+                finish: f,
+            });
         }
     }
     Err(ApiError::internal(
@@ -331,10 +441,73 @@ enum Kind {
     Chat,
 }
 
+/// Renders logprobs in each endpoint's format: the legacy completions one (`tokens`,
+/// `token_logprobs`, `top_logprobs` maps, `text_offset`) or chat's `content` list.
+/// `offset` carries the text offset across the chunks of a stream.
+struct LogprobsFormat<'a> {
+    tokenizer: &'a Tokenizer,
+    kind: Kind,
+}
+
+impl LogprobsFormat<'_> {
+    fn piece(&self, t: u32) -> (String, Vec<u8>) {
+        let b = self
+            .tokenizer
+            .token_to_piece(t)
+            .unwrap_or_default()
+            .to_vec();
+        (String::from_utf8_lossy(&b).into_owned(), b)
+    }
+
+    fn json(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|lp| {
+                        let (token, bytes) = self.piece(lp.token);
+                        let top: Vec<Value> = lp
+                            .top
+                            .iter()
+                            .map(|&(t, l)| {
+                                let (token, bytes) = self.piece(t);
+                                json!({"token": token, "logprob": l, "bytes": bytes})
+                            })
+                            .collect();
+                        json!({"token": token, "logprob": lp.logprob, "bytes": bytes,
+                               "top_logprobs": top})
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let mut tokens = Vec::new();
+                let mut token_logprobs = Vec::new();
+                let mut top_logprobs = Vec::new();
+                let mut text_offset = Vec::new();
+                for lp in lps {
+                    let (token, _) = self.piece(lp.token);
+                    text_offset.push(*offset);
+                    *offset += token.chars().count();
+                    tokens.push(token);
+                    token_logprobs.push(lp.logprob);
+                    let mut top = serde_json::Map::new();
+                    for &(t, l) in &lp.top {
+                        top.insert(self.piece(t).0, json!(l));
+                    }
+                    top_logprobs.push(Value::Object(top));
+                }
+                json!({"tokens": tokens, "token_logprobs": token_logprobs,
+                       "top_logprobs": top_logprobs, "text_offset": text_offset})
+            }
+        }
+    }
+}
+
 pub async fn completions(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     generate(st, headers, body, Kind::Completion)
         .await
@@ -344,7 +517,7 @@ pub async fn completions(
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     generate(st, headers, body, Kind::Chat)
         .await
@@ -354,14 +527,18 @@ pub async fn chat_completions(
 async fn generate(
     st: Arc<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
     kind: Kind,
 ) -> Result<Response, ApiError> {
     check_key(&st, &headers)?;
-    let req: GenRequest = parse(&body)?;
+    let engine = st.engine()?;
+    let req: GenRequest = parse(&body.map_err(ApiError::from_body)?)?;
     check_model(&st, &req.model)?;
     let n = n_choices(&req)?;
     let chat = kind == Kind::Chat;
+    if req.echo == Some(true) {
+        return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+    }
     // Tokenization can take a while for long prompts: keep it off the async workers.
     let (st2, req2) = (st.clone(), req.clone());
     let prompts = tokio::task::spawn_blocking(move || {
@@ -373,13 +550,14 @@ async fn generate(
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
-    // Submit everything first: a request that cannot run fails before any starts.
-    let mut streams = Vec::new();
+    // Check everything first: a request that cannot run fails before any starts.
+    let mut group = Vec::with_capacity(prompts.len() * n);
     for prompt in &prompts {
         for c in 0..n {
-            streams.push(st.engine.submit(prompt.clone(), params(&req, chat, c)?)?);
+            group.push((prompt.clone(), params(&req, chat, c)?));
         }
     }
+    let streams = engine.submit_group(group)?;
     let id = format!(
         "{}-{}",
         if chat { "chatcmpl" } else { "cmpl" },
@@ -388,7 +566,15 @@ async fn generate(
     let model = st.config.served_model_name.clone();
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        return Ok(stream_response(streams, n, id, model, kind, include_usage));
+        return Ok(stream_response(
+            st.clone(),
+            streams,
+            n,
+            id,
+            model,
+            kind,
+            include_usage,
+        ));
     }
     let mut choices = Vec::new();
     for s in streams {
@@ -397,18 +583,29 @@ async fn generate(
     let finishes: Vec<&FinishInfo> = choices.iter().map(|c| &c.finish).collect();
     let usage = usage_json(&finishes, n);
     let timings = timings_json(&choices[0].finish);
+    let fmt = LogprobsFormat {
+        tokenizer: &engine.model().tokenizer,
+        kind,
+    };
+    let want_logprobs = logprobs(&req, chat)?.is_some();
     let choices_json: Vec<Value> = choices
         .iter()
         .enumerate()
-        .map(|(i, c)| match kind {
-            Kind::Completion => json!({
-                "index": i, "text": c.text, "logprobs": null,
-                "finish_reason": finish_str(&c.finish), "stop_reason": stop_reason_json(&c.finish.stop_reason),
-            }),
-            Kind::Chat => json!({
-                "index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": null,
-                "finish_reason": finish_str(&c.finish), "stop_reason": stop_reason_json(&c.finish.stop_reason),
-            }),
+        .map(|(i, c)| {
+            let lp = if want_logprobs {
+                fmt.json(&c.logprobs, &mut 0)
+            } else {
+                Value::Null
+            };
+            let mut v = json!({
+                "index": i, "logprobs": lp, "finish_reason": finish_str(&c.finish),
+                "stop_reason": stop_reason_json(&c.finish.stop_reason),
+            });
+            match kind {
+                Kind::Completion => v["text"] = json!(c.text),
+                Kind::Chat => v["message"] = json!({"role": "assistant", "content": c.text}),
+            }
+            v
         })
         .collect();
     Ok(Json(json!({
@@ -425,6 +622,7 @@ async fn generate(
 
 /// Streams every choice as server-sent events, ending with `data: [DONE]`.
 fn stream_response(
+    st: Arc<AppState>,
     streams: Vec<RequestStream>,
     n_per_prompt: usize,
     id: String,
@@ -444,21 +642,25 @@ fn stream_response(
     let n = streams.len();
     for (index, mut s) in streams.into_iter().enumerate() {
         let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
+        let st = st.clone();
         tokio::spawn(async move {
-            let chunk = |delta: Value, finish: Option<&FinishInfo>| {
-                let choice = match kind {
-                    Kind::Completion => json!({
-                        "index": index, "text": delta, "logprobs": null,
-                        "finish_reason": finish.map(finish_str),
-                        "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
-                    }),
-                    Kind::Chat => json!({
-                        "index": index, "delta": delta, "logprobs": null,
-                        "finish_reason": finish.map(finish_str),
-                        "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
-                    }),
-                };
-                let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+            let Some(engine) = st.loaded_engine() else {
+                return;
+            };
+            let fmt = LogprobsFormat {
+                tokenizer: &engine.model().tokenizer,
+                kind,
+            };
+            let mut offset = 0;
+            let chunk = |delta: Value, logprobs: Value, finish: Option<&FinishInfo>| {
+                let mut choice = json!({
+                    "index": index, "logprobs": logprobs,
+                    "finish_reason": finish.map(finish_str),
+                    "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
+                });
+                choice[if kind == Kind::Chat { "delta" } else { "text" }] = delta;
+                let mut v = json!({"id": id, "object": object, "created": created,
+                                   "model": model, "choices": [choice]});
                 if let Some(f) = finish {
                     v["pagellm_timings"] = timings_json(f);
                 }
@@ -466,7 +668,11 @@ fn stream_response(
             };
             if kind == Kind::Chat
                 && tx
-                    .send(chunk(json!({"role": "assistant", "content": ""}), None))
+                    .send(chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        Value::Null,
+                        None,
+                    ))
                     .await
                     .is_err()
             {
@@ -479,8 +685,13 @@ fn stream_response(
                     Kind::Chat => json!({"content": o.text}),
                 };
                 let last = o.finish.is_some();
-                if (last || !o.text.is_empty())
-                    && tx.send(chunk(delta, o.finish.as_ref())).await.is_err()
+                let lp = if o.logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    fmt.json(&o.logprobs, &mut offset)
+                };
+                if (last || !o.text.is_empty() || !lp.is_null())
+                    && tx.send(chunk(delta, lp, o.finish.as_ref())).await.is_err()
                 {
                     // The client went away: dropping `s` aborts the request.
                     return;
@@ -511,20 +722,21 @@ fn stream_response(
 }
 
 pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = check_key(&st, &headers) {
-        return e.into_response();
-    }
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.config.served_model_name,
-            "object": "model",
-            "created": st.created,
-            "owned_by": "pagellm",
-            "max_model_len": st.engine.limits().max_model_len,
-        }],
-    }))
-    .into_response()
+    let r = (|| {
+        check_key(&st, &headers)?;
+        let engine = st.engine()?;
+        Ok::<_, ApiError>(Json(json!({
+            "object": "list",
+            "data": [{
+                "id": st.config.served_model_name,
+                "object": "model",
+                "created": st.created,
+                "owned_by": "pagellm",
+                "max_model_len": engine.limits().max_model_len,
+            }],
+        })))
+    })();
+    r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
 #[derive(Deserialize)]
@@ -548,37 +760,44 @@ struct DetokenizeReq {
 }
 
 /// `/tokenize` and `/detokenize` sit outside `/v1` and, as in vLLM, need no API key.
-pub async fn tokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let r = (|| {
-        let req: TokenizeReq = parse(&body)?;
+        let engine = st.engine()?;
+        let req: TokenizeReq = parse(&body.map_err(ApiError::from_body)?)?;
         check_model(&st, &req.model)?;
-        let tokens = st
-            .engine
+        let tokens = engine
             .model()
             .tokenizer
             .encode(&req.prompt, req.add_special_tokens, true)
             .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?;
         Ok::<_, ApiError>(Json(json!({
             "count": tokens.len(),
-            "max_model_len": st.engine.limits().max_model_len,
+            "max_model_len": engine.limits().max_model_len,
             "tokens": tokens,
         })))
     })();
     r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
-pub async fn detokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let r = (|| {
-        let req: DetokenizeReq = parse(&body)?;
+        let engine = st.engine()?;
+        let req: DetokenizeReq = parse(&body.map_err(ApiError::from_body)?)?;
         check_model(&st, &req.model)?;
-        let vocab = st.engine.limits().vocab_size;
+        let vocab = engine.limits().vocab_size;
         if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ApiError::bad_request(
                 format!("token id {t} is outside the vocabulary of {vocab}"),
                 Some("tokens"),
             ));
         }
-        let prompt = st.engine.model().tokenizer.decode(&req.tokens, false);
+        let prompt = engine.model().tokenizer.decode(&req.tokens, false);
         Ok(Json(json!({"prompt": prompt})))
     })();
     r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)

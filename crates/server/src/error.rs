@@ -11,6 +11,8 @@ pub struct ApiError {
     pub message: String,
     pub kind: &'static str,
     pub param: Option<String>,
+    /// Seconds, sent as `Retry-After`.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -20,6 +22,7 @@ impl ApiError {
             message: message.into(),
             kind: "invalid_request_error",
             param: param.map(str::to_string),
+            retry_after: None,
         }
     }
 
@@ -29,6 +32,7 @@ impl ApiError {
             message: message.into(),
             kind: "not_found_error",
             param: param.map(str::to_string),
+            retry_after: None,
         }
     }
 
@@ -38,16 +42,53 @@ impl ApiError {
             message: "invalid or missing API key (send Authorization: Bearer KEY)".into(),
             kind: "authentication_error",
             param: None,
+            retry_after: None,
         }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_server_error",
+            message,
+        )
+    }
+
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            message,
+        )
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            message,
+        )
+    }
+
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         Self {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
+            status,
             message: message.into(),
-            kind: "internal_server_error",
+            kind,
             param: None,
+            retry_after: None,
         }
+    }
+
+    /// A body that could not be read: too large (413) or broken.
+    pub fn from_body(r: axum::extract::rejection::BytesRejection) -> Self {
+        let status = r.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is larger than the server accepts".to_string()
+        } else {
+            format!("cannot read the request body: {}", r.body_text())
+        };
+        Self::new(status, "invalid_request_error", message)
     }
 }
 
@@ -62,11 +103,14 @@ impl From<EngineError> for ApiError {
             _ => None,
         };
         match e {
-            EngineError::ShutDown => Self {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: e.to_string(),
-                kind: "service_unavailable",
-                param: None,
+            EngineError::ShutDown => Self::unavailable(e.to_string()),
+            EngineError::QueueFull { .. } => Self {
+                retry_after: Some(1),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    e.to_string(),
+                )
             },
             EngineError::Model(_) | EngineError::Config(_) => Self::internal(e.to_string()),
             _ => Self::bad_request(e.to_string(), param),
@@ -84,6 +128,11 @@ impl IntoResponse for ApiError {
                 "code": self.status.as_u16(),
             }
         });
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }

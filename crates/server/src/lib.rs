@@ -1,18 +1,25 @@
 //! The OpenAI-compatible HTTP server: `/v1/completions`, `/v1/chat/completions` (plain
 //! and streamed as server-sent events), `/v1/models`, `/tokenize`, `/detokenize`,
-//! `/health`, `/version`.
+//! `/metrics` (Prometheus, vLLM's names), `/health`, `/version`.
 //!
 //! Handlers tokenize and render chat templates on the async runtime's threads and hand
 //! token ids to the [`Engine`], whose thread never waits on a socket. Each request's
 //! outputs come back over its own channel; a client that goes away drops that channel,
 //! which aborts the request at the engine's next step.
+//!
+//! The server listens before the model is loaded: until [`AppState::set_engine`] is
+//! called, `/health` answers 503 and the API refuses requests with 503.
 
 mod api;
 pub mod error;
+mod metrics;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use pagellm_engine::Engine;
@@ -23,7 +30,7 @@ pub use error::ApiError;
 /// What the server needs besides the engine.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The name clients use in `model`; `None` = the model's source path.
+    /// The name clients use in `model`.
     pub served_model_name: String,
     /// Required as `Authorization: Bearer KEY` when set.
     pub api_key: Option<String>,
@@ -32,9 +39,59 @@ pub struct ServerConfig {
 }
 
 pub struct AppState {
-    pub engine: Engine,
+    engine: OnceLock<Engine>,
     pub config: ServerConfig,
     pub created: u64,
+    /// Set on shutdown: new requests get 503 while running ones finish.
+    draining: AtomicBool,
+}
+
+impl AppState {
+    /// A server whose model is still loading.
+    pub fn new(config: ServerConfig) -> Self {
+        Self {
+            engine: OnceLock::new(),
+            config,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// A server ready to serve `engine`.
+    pub fn with_engine(config: ServerConfig, engine: Engine) -> Self {
+        let s = Self::new(config);
+        s.set_engine(engine);
+        s
+    }
+
+    /// Marks the model loaded; the first call wins.
+    pub fn set_engine(&self, engine: Engine) {
+        let _ = self.engine.set(engine);
+    }
+
+    /// The engine, once loaded.
+    pub fn loaded_engine(&self) -> Option<&Engine> {
+        self.engine.get()
+    }
+
+    /// The engine for a new request: 503 while loading or shutting down.
+    fn engine(&self) -> Result<&Engine, ApiError> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        self.engine
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+    }
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> StatusCode {
+    match st.engine() {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
 }
 
 /// The router with every endpoint.
@@ -46,19 +103,52 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
-        .route("/health", get(|| async { "" }))
+        .route("/metrics", get(metrics::metrics))
+        .route("/health", get(health))
         .route("/version", get(api::version))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found(format!("no such endpoint: {}", uri.path()), None)
+        })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                ApiError::method_not_allowed(format!("{method} is not allowed on {}", uri.path()))
+            },
+        )
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
-/// Serves on `listener` until `shutdown` resolves.
+/// Serves on `listener` until `shutdown` resolves, then drains: new requests get 503,
+/// running ones may finish for up to `grace`, after which they are aborted (their
+/// streams end with `finish_reason: "abort"`) and the server returns.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let st = state.clone();
+    let graceful = async move {
+        shutdown.await;
+        st.draining.store(true, Ordering::Release);
+        let _ = signalled_tx.send(());
+    };
+    let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(graceful);
+    let deadline = async move {
+        if signalled_rx.await.is_err() {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(grace).await;
+        if let Some(e) = state.loaded_engine() {
+            tracing::warn!("grace period over: aborting the requests still running");
+            e.abort_all();
+        }
+        // Aborted streams end at once; a connection that still hangs is not waited for.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        r = server => r,
+        () = deadline => Ok(()),
+    }
 }

@@ -25,15 +25,14 @@ fn base() -> &'static str {
             max_model_len: Some(512),
             ..EngineConfig::default()
         };
-        let state = Arc::new(AppState {
-            engine: Engine::start(model, &config).unwrap(),
-            config: ServerConfig {
+        let state = Arc::new(AppState::with_engine(
+            ServerConfig {
                 served_model_name: NAME.into(),
                 api_key: Some(KEY.into()),
                 max_body_bytes: 1 << 20,
             },
-            created: 0,
-        });
+            Engine::start(model, &config).unwrap(),
+        ));
         let rt = tokio::runtime::Runtime::new().unwrap();
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -44,6 +43,7 @@ fn base() -> &'static str {
                 listener,
                 state,
                 std::future::pending(),
+                std::time::Duration::from_secs(1),
             ))
             .unwrap();
         });

@@ -70,6 +70,7 @@ impl EngineArgs {
                 policy: self.scheduling_policy,
                 enable_chunked_prefill: !self.no_enable_chunked_prefill,
             },
+            max_waiting_requests: None,
         }
     }
 }

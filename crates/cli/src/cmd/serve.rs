@@ -1,6 +1,7 @@
 //! `pagellm serve`: the OpenAI-compatible HTTP server on the batching engine.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use pagellm_engine::Engine;
@@ -27,55 +28,102 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on every API request.
     #[arg(long, env = "PAGELLM_API_KEY")]
     api_key: Option<String>,
+    /// Requests that may wait for a place in the running batch; beyond this new
+    /// requests get 429 with Retry-After.
+    #[arg(long, default_value_t = 1024)]
+    max_waiting_requests: usize,
+    /// Largest request body accepted, in bytes (units accepted: 16MiB).
+    #[arg(long, default_value = "16MiB", value_parser = super::parse_size)]
+    max_request_body: u64,
+    /// On SIGTERM or SIGINT, seconds running requests may take to finish before they
+    /// are aborted.
+    #[arg(long, default_value_t = 20.0)]
+    shutdown_grace_period: f64,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = Arc::new(load_model(&a.model.model)?);
-    let engine = Engine::start(model, &a.engine.config(a.model.threads))?;
-    let state = Arc::new(AppState {
-        engine,
-        config: ServerConfig {
-            served_model_name: a.served_model_name.unwrap_or(a.model.model.clone()),
-            api_key: a.api_key,
-            max_body_bytes: 16 << 20,
-        },
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    });
+    if !(a.shutdown_grace_period >= 0.0 && a.shutdown_grace_period.is_finite()) {
+        anyhow::bail!(
+            "--shutdown-grace-period must be a non-negative number of seconds, got {}",
+            a.shutdown_grace_period
+        );
+    }
+    let mut config = a.engine.config(a.model.threads);
+    config.max_waiting_requests = Some(a.max_waiting_requests);
+    let state = Arc::new(AppState::new(ServerConfig {
+        served_model_name: a.served_model_name.unwrap_or(a.model.model.clone()),
+        api_key: a.api_key,
+        max_body_bytes: usize::try_from(a.max_request_body).unwrap_or(usize::MAX),
+    }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
+        // Listen first: /health answers 503 while the model loads.
         let addr = format!("{}:{}", a.host, a.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
         eprintln!(
-            "pagellm serving {} on http://{}",
-            state.config.served_model_name,
-            listener.local_addr()?
+            "pagellm listening on http://{local}; loading {}",
+            a.model.model
         );
-        let shutdown = async {
-            let ctrl_c = tokio::signal::ctrl_c();
-            #[cfg(unix)]
-            {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("install the SIGTERM handler");
+        let server = tokio::spawn(pagellm_server::serve(
+            listener,
+            state.clone(),
+            shutdown_signal(),
+            Duration::from_secs_f64(a.shutdown_grace_period),
+        ));
+        let model_arg = a.model.model.clone();
+        let engine = tokio::task::spawn_blocking(move || -> Result<Engine> {
+            let model = Arc::new(load_model(&model_arg)?);
+            Ok(Engine::start(model, &config)?)
+        })
+        .await
+        .context("the model loader panicked")?;
+        let engine = match engine {
+            Ok(e) => e,
+            Err(e) => {
+                server.abort();
+                return Err(e);
+            }
+        };
+        state.set_engine(engine);
+        eprintln!(
+            "pagellm serving {} on http://{local}",
+            state.config.served_model_name
+        );
+        server.await.context("the server task panicked")??;
+        if let Some(e) = state.loaded_engine() {
+            e.shutdown();
+        }
+        eprintln!("pagellm stopped");
+        Ok(())
+    })
+}
+
+/// Resolves on SIGINT (ctrl-c) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
                 tokio::select! {
                     _ = ctrl_c => {},
                     _ = term.recv() => {},
                 }
             }
-            #[cfg(not(unix))]
-            let _ = ctrl_c.await;
-            eprintln!("shutting down");
-        };
-        pagellm_server::serve(listener, state.clone(), shutdown).await?;
-        state.engine.shutdown();
-        Ok(())
-    })
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; only ctrl-c stops the server");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    eprintln!("shutting down: finishing running requests");
 }

@@ -1,0 +1,205 @@
+//! `GET /metrics`: Prometheus text format with vLLM's metric names and a `model_name`
+//! label, so dashboards and routers built for vLLM read pagellm unchanged.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use pagellm_engine::{EngineStats, FinishReason, Histogram};
+
+use crate::AppState;
+
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let stats = st.loaded_engine().map(|e| e.stats()).unwrap_or_default();
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        render(&stats, &st.config.served_model_name),
+    )
+        .into_response()
+}
+
+/// Escapes a label value (backslash, quote, newline).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    text: String,
+    labels: String,
+}
+
+impl Out {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, v: f64) {
+        self.header(name, "gauge", help);
+        let _ = writeln!(self.text, "{name}{{{}}} {v}", self.labels);
+    }
+
+    /// A counter; as Prometheus' Python client does, the sample name ends in `_total`.
+    fn counter(&mut self, name: &str, help: &str, v: u64) {
+        let name = format!("{name}_total");
+        self.header(&name, "counter", help);
+        let _ = writeln!(self.text, "{name}{{{}}} {v}", self.labels);
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        self.header(name, "histogram", help);
+        for (le, n) in h.cumulative() {
+            // As Prometheus' Python client writes them: `+Inf`, `1.0`, `0.25`.
+            let le = if le.is_infinite() {
+                "+Inf".to_string()
+            } else if le.fract() == 0.0 {
+                format!("{le:.1}")
+            } else {
+                le.to_string()
+            };
+            let _ = writeln!(
+                self.text,
+                "{name}_bucket{{{},le=\"{le}\"}} {n}",
+                self.labels
+            );
+        }
+        let _ = writeln!(self.text, "{name}_sum{{{}}} {}", self.labels, h.sum);
+        let _ = writeln!(self.text, "{name}_count{{{}}} {}", self.labels, h.count);
+    }
+}
+
+pub fn render(s: &EngineStats, model_name: &str) -> String {
+    let mut o = Out {
+        text: String::new(),
+        labels: format!("model_name=\"{}\"", label(model_name)),
+    };
+    o.gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        s.num_running as f64,
+    );
+    o.gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        s.num_waiting as f64,
+    );
+    o.gauge(
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        s.kv_cache_usage,
+    );
+    o.counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        s.prefix_cache.queries,
+    );
+    o.counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        s.prefix_cache.hits,
+    );
+    o.counter(
+        "vllm:num_preemptions",
+        "Cumulative number of preemptions from the engine.",
+        s.num_preemptions,
+    );
+    o.counter(
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        s.prompt_tokens,
+    );
+    o.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        s.generation_tokens,
+    );
+    let name = "vllm:request_success_total";
+    o.header(name, "counter", "Count of successfully processed requests.");
+    for r in [
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::Abort,
+        FinishReason::Error,
+    ] {
+        let _ = writeln!(
+            o.text,
+            "{name}{{{},finished_reason=\"{}\"}} {}",
+            o.labels,
+            r.as_str(),
+            s.finished[r as usize]
+        );
+    }
+    let l = &s.latency;
+    o.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l.ttft,
+    );
+    o.histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &l.inter_token,
+    );
+    o.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &l.e2e,
+    );
+    o.histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        &l.queue,
+    );
+    o.histogram(
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        &l.prefill,
+    );
+    o.histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        &l.decode,
+    );
+    o.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_vllm_names_with_the_model_label() {
+        let mut s = EngineStats {
+            num_running: 3,
+            generation_tokens: 42,
+            ..EngineStats::default()
+        };
+        s.finished[FinishReason::Length as usize] = 2;
+        s.latency.ttft.observe(0.03);
+        let t = render(&s, "m\"x");
+        assert!(t.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3\n"));
+        assert!(t.contains("vllm:generation_tokens_total{model_name=\"m\\\"x\"} 42\n"));
+        assert!(t.contains(
+            "vllm:request_success_total{model_name=\"m\\\"x\",finished_reason=\"length\"} 2\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.02\"} 0\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.04\"} 1\n"
+        ));
+        assert!(t.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"+Inf\"} 1\n"
+        ));
+        assert!(t.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 1\n"));
+        // Every sample line is `name{labels} value`.
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            let (_, v) = line.rsplit_once(' ').unwrap();
+            assert!(v.parse::<f64>().is_ok(), "bad sample line {line}");
+        }
+    }
+}
