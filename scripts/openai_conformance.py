@@ -55,7 +55,7 @@ class Server:
     def _read(self):
         for line in self.proc.stdout:
             self.log.append(line)
-            m = re.search(r"pagellm serving \S+ on http://[^\s:]+:(\d+)", line)
+            m = re.search(r"pagellm listening on http://[^\s:]+:(\d+)", line)
             if m and self.port is None:
                 self.port = int(m.group(1))
                 self.listening.set()

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite. Builds pagellm, pulls the models the tests run on into the model
 # cache ($PAGELLM_HOME, default ~/.cache/pagellm; a no-op when present), then runs every
-# test of the workspace.
+# test of the workspace and the OpenAI SDK conformance test against `pagellm serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for m in smollm2-135m qwen2.5-coder-0.5b; do
     cargo run --release --quiet -p pagellm -- models pull "$m"
 done
 cargo test --workspace --release
+# The OpenAI API as the official Python SDK sees it (pip install openai).
+python3 scripts/openai_conformance.py --pagellm target/release/pagellm --model smollm2-135m

@@ -413,6 +413,99 @@ fn dropped_receivers_abort_and_free_their_blocks() {
 }
 
 #[test]
+fn the_waiting_queue_is_bounded_and_drains() {
+    let _g = serial();
+    let mut c = config();
+    c.scheduler.max_num_seqs = 1;
+    c.max_waiting_requests = Some(3);
+    let engine = Engine::start(model(), &c).unwrap();
+    // A group is admitted whole while the queue is short, even past the limit ...
+    let group: Vec<_> = (0..5).map(|i| (vec![7 + i, 8, 9], greedy(8))).collect();
+    let mut streams = engine.submit_group(group).unwrap();
+    // ... and then nothing more until it drains (one runs at a time, 8 tokens each).
+    let e = engine.submit(vec![1, 2, 3], greedy(8)).err().unwrap();
+    assert!(matches!(e, EngineError::QueueFull { limit: 3 }), "{e}");
+    assert!(e.to_string().contains("--max-waiting-requests"), "{e}");
+    // Hanging up on requests still waiting releases their places too.
+    let waiting = streams.split_off(2);
+    drop(waiting);
+    for mut s in streams {
+        let mut last = None;
+        while let Some(o) = s.blocking_next() {
+            last = o.finish;
+        }
+        assert_eq!(last.unwrap().reason, FinishReason::Length);
+    }
+    let t = Instant::now();
+    while engine.num_queued() > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}",
+            engine.num_queued()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut s = engine.submit(vec![1, 2, 3], greedy(2)).unwrap();
+    while s.blocking_next().is_some() {}
+    assert_eq!(engine.num_queued(), 0);
+}
+
+#[test]
+fn logprobs_are_the_raw_log_softmax() {
+    let _g = serial();
+    let mut core = EngineCore::new(model(), &config()).unwrap();
+    let rows = Arc::new(Mutex::new(Vec::<Vec<f32>>::new()));
+    let sink = rows.clone();
+    core.set_logits_probe(Some(Box::new(move |_, l| {
+        sink.lock().unwrap().push(l.to_vec())
+    })));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let params = RequestParams {
+        logprobs: Some(4),
+        // Penalties change what is sampled, not the reported logprobs.
+        sampling: SamplingParams {
+            repetition_penalty: 1.3,
+            ..SamplingParams::greedy()
+        },
+        ..greedy(6)
+    };
+    core.add_request(
+        1,
+        vec![504, 3575, 282, 4649, 314],
+        params,
+        tx,
+        Instant::now(),
+    )
+    .unwrap();
+    while core.has_unfinished() {
+        core.step();
+    }
+    let mut lps = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        assert_eq!(o.logprobs.len(), o.token_ids.len());
+        lps.extend(o.logprobs);
+    }
+    let rows = rows.lock().unwrap();
+    assert_eq!(lps.len(), 6);
+    assert_eq!(rows.len(), 6);
+    for (lp, row) in lps.iter().zip(rows.iter()) {
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        let log_z = max
+            + row
+                .iter()
+                .map(|&l| ((l - max) as f64).exp())
+                .sum::<f64>()
+                .ln() as f32;
+        assert!((lp.logprob - (row[lp.token as usize] - log_z)).abs() < 1e-4);
+        assert_eq!(lp.top.len(), 4);
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        let best = pagellm_engine::sampler::argmax(row);
+        assert_eq!(lp.top[0].0, best);
+        assert!((lp.top[0].1 - (max - log_z)).abs() < 1e-4);
+    }
+}
+
+#[test]
 fn a_cache_that_cannot_hold_one_sequence_is_a_configuration_error() {
     let _g = serial();
     let m = model();

@@ -1,10 +1,15 @@
 //! The HTTP server on a real model (smollm2-135m, pulled by scripts/test.sh), on a
-//! loopback port chosen by the OS, driven with an ordinary HTTP client.
+//! loopback port chosen by the OS, driven with an ordinary HTTP client: real text,
+//! concurrent streams, clients that disconnect, and shutdown.
+
+mod common;
 
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
+use common::{completion_stream_text, sse_chunks, sse_events, TestServer};
 use pagellm_engine::{Engine, EngineConfig};
-use pagellm_model::loader::load_gguf;
+use pagellm_model::loader::{load_gguf, LoadedModel};
 use pagellm_model::registry;
 use pagellm_server::{AppState, ServerConfig};
 use serde_json::{json, Value};
@@ -12,70 +17,51 @@ use serde_json::{json, Value};
 const NAME: &str = "smollm2";
 const KEY: &str = "sesame";
 
-/// One server for all tests (with an API key), started on first use.
+fn model() -> Arc<LoadedModel> {
+    static MODEL: OnceLock<Arc<LoadedModel>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = registry::pull("smollm2-135m", false)
+                .expect("model in cache (scripts/test.sh pulls it)");
+            Arc::new(load_gguf(&path).unwrap())
+        })
+        .clone()
+}
+
+fn new_server(grace: Duration) -> TestServer {
+    let config = EngineConfig {
+        threads: 2,
+        kv_cache_memory: 256 << 20,
+        max_model_len: Some(512),
+        ..EngineConfig::default()
+    };
+    let state = AppState::with_engine(
+        ServerConfig {
+            served_model_name: NAME.into(),
+            api_key: Some(KEY.into()),
+            max_body_bytes: 1 << 20,
+        },
+        Engine::start(model(), &config).unwrap(),
+    );
+    TestServer::start(Arc::new(state), grace)
+}
+
+/// One server shared by the tests that do not stop it.
+fn shared() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| new_server(Duration::from_secs(1)))
+}
+
 fn base() -> &'static str {
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
-        let path = registry::pull("smollm2-135m", false)
-            .expect("model in cache (scripts/test.sh pulls it)");
-        let model = Arc::new(load_gguf(&path).unwrap());
-        let config = EngineConfig {
-            threads: 2,
-            kv_cache_memory: 256 << 20,
-            max_model_len: Some(512),
-            ..EngineConfig::default()
-        };
-        let state = Arc::new(AppState::with_engine(
-            ServerConfig {
-                served_model_name: NAME.into(),
-                api_key: Some(KEY.into()),
-                max_body_bytes: 1 << 20,
-            },
-            Engine::start(model, &config).unwrap(),
-        ));
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            rt.block_on(pagellm_server::serve(
-                listener,
-                state,
-                std::future::pending(),
-                std::time::Duration::from_secs(1),
-            ))
-            .unwrap();
-        });
-        url
-    })
+    &shared().url
 }
 
 fn post(path: &str, body: &str) -> (u16, String) {
-    let r = reqwest::blocking::Client::new()
-        .post(format!("{}{path}", base()))
-        .bearer_auth(KEY)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .unwrap();
-    (r.status().as_u16(), r.text().unwrap())
+    shared().post(path, body)
 }
 
 fn post_json(path: &str, body: Value) -> (u16, Value) {
-    let (s, t) = post(path, &body.to_string());
-    (
-        s,
-        serde_json::from_str(&t).unwrap_or_else(|_| panic!("not JSON: {t}")),
-    )
-}
-
-/// The `data:` payloads of a server-sent event stream.
-fn sse_events(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
+    shared().post_json(path, &body)
 }
 
 #[test]
@@ -272,4 +258,156 @@ fn models_tokenize_detokenize_health_version() {
         .json()
         .unwrap();
     assert!(v["version"].is_string());
+}
+
+/// A streamed greedy completion's text.
+fn stream_text(srv: &TestServer, prompt: &str, max_tokens: usize) -> String {
+    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                      "ignore_eos": true, "stream": true});
+    let (s, t) = srv.post("/v1/completions", &body.to_string());
+    assert_eq!(s, 200, "{t}");
+    completion_stream_text(&t)
+}
+
+#[test]
+fn concurrent_streams_match_their_outputs_alone() {
+    let srv = new_server(Duration::from_secs(1));
+    let prompts: Vec<String> = (0..32)
+        .map(|i| format!("Fact number {i} about the number {}:", i * 7 + 3))
+        .collect();
+    let alone: Vec<String> = prompts.iter().map(|p| stream_text(&srv, p, 12)).collect();
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(|| stream_text(&srv, p, 12)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "prompt {i} ({:?})", prompts[i]);
+    }
+    // Outputs are independent: different prompts, mostly different texts.
+    let distinct: std::collections::HashSet<&String> = together.iter().collect();
+    assert!(distinct.len() > 16, "{together:?}");
+}
+
+/// Polls `/metrics` until running requests and KV usage are back to 0.
+fn wait_idle(srv: &TestServer, within: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let running = srv.metric("vllm:num_requests_running");
+        let waiting = srv.metric("vllm:num_requests_waiting");
+        let kv = srv.metric("vllm:kv_cache_usage_perc");
+        if running == 0.0 && waiting == 0.0 && kv == 0.0 {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < within,
+            "not idle after {within:?}: running {running}, waiting {waiting}, kv {kv}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn clients_that_disconnect_mid_stream_free_their_requests() {
+    let srv = new_server(Duration::from_secs(1));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = format!("{}/v1/completions", srv.url);
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let (client, url) = (client.clone(), url.clone());
+                tokio::spawn(async move {
+                    let body = json!({"prompt": format!("Story {i}: once upon a time"),
+                                      "max_tokens": 400, "ignore_eos": true, "stream": true});
+                    let mut r = client
+                        .post(url)
+                        .bearer_auth(KEY)
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status().as_u16(), 200);
+                    // Read until a token arrives, then hang up.
+                    let mut seen = String::new();
+                    while !seen.contains("\"text\":\"") {
+                        let c = r.chunk().await.unwrap().expect("stream ended early");
+                        seen.push_str(&String::from_utf8_lossy(&c));
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    drop(rt);
+    let took = wait_idle(&srv, Duration::from_secs(10));
+    eprintln!("idle {took:?} after 100 disconnects");
+    assert_eq!(
+        srv.metric("vllm:request_success_total{model_name=\"smollm2\",finished_reason=\"abort\"}"),
+        100.0
+    );
+    // The server still serves.
+    assert!(!stream_text(&srv, "Hello", 3).is_empty());
+}
+
+#[test]
+fn shutdown_lets_running_requests_finish_within_the_grace_period() {
+    let mut srv = new_server(Duration::from_secs(60));
+    let mut r = srv
+        .request(
+            "/v1/completions",
+            &json!({"prompt": "Count: one, two,", "max_tokens": 24, "ignore_eos": true,
+                    "temperature": 0, "stream": true})
+            .to_string(),
+        )
+        .send()
+        .unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut r, &mut first).unwrap();
+    srv.signal_shutdown();
+    // Read on through the same reader (it buffers what it has read ahead).
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    std::io::Read::read_to_string(&mut r, &mut text).unwrap();
+    let chunks = sse_chunks(&text);
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "length", "{text}");
+    srv.join().unwrap();
+}
+
+#[test]
+fn shutdown_aborts_what_outlives_the_grace_period() {
+    let mut srv = new_server(Duration::from_millis(300));
+    let mut r = srv
+        .request(
+            "/v1/completions",
+            &json!({"prompt": "Count: one, two,", "max_tokens": 480, "ignore_eos": true,
+                    "stream": true})
+            .to_string(),
+        )
+        .send()
+        .unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut r, &mut first).unwrap();
+    let t0 = Instant::now();
+    srv.signal_shutdown();
+    // Read on through the same reader (it buffers what it has read ahead).
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    std::io::Read::read_to_string(&mut r, &mut text).unwrap();
+    let chunks = sse_chunks(&text);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "abort",
+        "{text}"
+    );
+    srv.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // It no longer listens.
+    assert!(TestServer::client()
+        .get(format!("{}/health", srv.url))
+        .send()
+        .is_err());
 }
