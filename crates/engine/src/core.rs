@@ -340,6 +340,21 @@ impl EngineCore {
         );
     }
 
+    /// Ends a request whose output reached a stop string found off the engine thread
+    /// (see [`crate::Engine`]); the stream that found it reports the final output.
+    pub fn stop_at_text(&mut self, id: RequestId, stop: String) {
+        self.finish(
+            id,
+            Vec::new(),
+            Vec::new(),
+            FinishReason::Stop,
+            Some(StopReason::Text(stop)),
+            None,
+            String::new(),
+            Instant::now(),
+        );
+    }
+
     /// Aborts every request.
     pub fn abort_all(&mut self) {
         let ids: Vec<RequestId> = self.sched.requests.keys().copied().collect();
@@ -528,8 +543,7 @@ impl EngineCore {
         {
             finish = Some((FinishReason::Stop, Some(StopReason::Token(tok))));
         } else if req.params.detokenize {
-            let piece = req.decoder.push(tokenizer, tok).unwrap_or_default();
-            match req.stop_strings.push(&piece) {
+            match req.detok.push(tokenizer, tok) {
                 StopScan::Continue(t) => text = t,
                 StopScan::Stopped { text: t, stop } => {
                     text = t;
@@ -562,14 +576,7 @@ impl EngineCore {
                     // Release text held back for stop strings and incomplete characters.
                     let req = self.sched.requests.get_mut(&id)?;
                     if req.params.detokenize {
-                        let tail = req.decoder.finish().unwrap_or_default();
-                        match req.stop_strings.push(&tail) {
-                            StopScan::Continue(t) => {
-                                text.push_str(&t);
-                                text.push_str(&req.stop_strings.flush());
-                            }
-                            StopScan::Stopped { text: t, .. } => text.push_str(&t),
-                        }
+                        text.push_str(&req.detok.finish());
                     }
                 }
                 self.finish(

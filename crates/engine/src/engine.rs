@@ -1,7 +1,9 @@
 //! [`Engine`]: the engine core on its own thread. Clients submit requests from any
 //! thread (or async task) and read their outputs from a channel; the engine thread
-//! never waits on a client. A dropped [`RequestStream`] aborts its request at the next
-//! step and returns its blocks to the pool.
+//! never waits on a client. It only samples token ids: detokenization and stop strings
+//! run in each [`RequestStream`], on the reader's thread, as in vLLM's output
+//! processor. A dropped [`RequestStream`] aborts its request at the next step and
+//! returns its blocks to the pool.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -14,7 +16,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::config::EngineConfig;
 use crate::core::{EngineCore, EngineLimits, EngineStats, OutputSink, RequestOutput};
 use crate::error::EngineError;
-use crate::request::{RequestId, RequestParams};
+use crate::request::{FinishReason, RequestId, RequestParams, StopReason};
+use crate::stop::{Detokenizer, StopScan};
 
 enum Command {
     Add {
@@ -25,6 +28,8 @@ enum Command {
         arrival: Instant,
     },
     Abort(RequestId),
+    /// A stream found a stop string in the request's text.
+    StopAtText(RequestId, String),
     AbortAll,
     Shutdown,
 }
@@ -42,20 +47,101 @@ pub struct Engine {
 }
 
 /// The outputs of one request, ending with the one that carries `finish`.
+///
+/// Text is made here, on the reader's thread, not on the engine thread: the engine
+/// sends token ids, and the stream detokenizes them and scans for stop strings. When
+/// one matches, the stream tells the engine to end the request and reports the stop
+/// with the engine's final update; tokens the engine sampled in the meantime are
+/// dropped and not counted.
 pub struct RequestStream {
     pub id: RequestId,
     rx: UnboundedReceiver<RequestOutput>,
+    text: Option<StreamText>,
+}
+
+struct StreamText {
+    model: Arc<LoadedModel>,
+    detok: Detokenizer,
+    num_output_tokens: usize,
+    /// A stop string matched: which, and how many output tokens count.
+    stopped: Option<(String, usize)>,
+    tx: mpsc::Sender<Command>,
 }
 
 impl RequestStream {
     /// The next update, blocking; `None` after the final one.
     pub fn blocking_next(&mut self) -> Option<RequestOutput> {
-        self.rx.blocking_recv()
+        loop {
+            let o = self.rx.blocking_recv()?;
+            if let Some(o) = self.process(o) {
+                return Some(o);
+            }
+        }
     }
 
     /// The next update; `None` after the final one.
     pub async fn next(&mut self) -> Option<RequestOutput> {
-        self.rx.recv().await
+        loop {
+            let o = self.rx.recv().await?;
+            if let Some(o) = self.process(o) {
+                return Some(o);
+            }
+        }
+    }
+
+    /// Adds text to an engine update; `None` drops it (sampled after a stop string).
+    fn process(&mut self, mut o: RequestOutput) -> Option<RequestOutput> {
+        let id = self.id;
+        let Some(st) = self.text.as_mut() else {
+            return Some(o);
+        };
+        if let Some((stop, n)) = &st.stopped {
+            // Waiting for the engine to end the request: only its final update counts.
+            let mut f = o.finish?;
+            f.reason = FinishReason::Stop;
+            f.stop_reason = Some(StopReason::Text(stop.clone()));
+            f.usage.completion_tokens = *n;
+            o.token_ids.clear();
+            o.logprobs.clear();
+            o.finish = Some(f);
+            return Some(o);
+        }
+        // A stop token ends generation without text of its own.
+        let stop_token = matches!(
+            o.finish.as_ref().and_then(|f| f.stop_reason.as_ref()),
+            Some(StopReason::Token(_))
+        );
+        let n = o.token_ids.len() - usize::from(stop_token && !o.token_ids.is_empty());
+        let tokenizer = &st.model.tokenizer;
+        for i in 0..n {
+            st.num_output_tokens += 1;
+            match st.detok.push(tokenizer, o.token_ids[i]) {
+                StopScan::Continue(t) => o.text.push_str(&t),
+                StopScan::Stopped { text, stop } => {
+                    o.text.push_str(&text);
+                    o.token_ids.truncate(i + 1);
+                    o.logprobs.truncate(i + 1);
+                    let n = st.num_output_tokens;
+                    match o.finish.as_mut() {
+                        // The engine ended the request in the same step.
+                        Some(f) => {
+                            f.reason = FinishReason::Stop;
+                            f.stop_reason = Some(StopReason::Text(stop));
+                            f.usage.completion_tokens = n;
+                        }
+                        None => {
+                            let _ = st.tx.send(Command::StopAtText(id, stop.clone()));
+                            st.stopped = Some((stop, n));
+                        }
+                    }
+                    return Some(o);
+                }
+            }
+        }
+        if o.finish.is_some() {
+            o.text.push_str(&st.detok.finish());
+        }
+        Some(o)
     }
 }
 
@@ -125,9 +211,17 @@ impl Engine {
             })
             .map_err(|_| EngineError::QueueFull { limit })?;
         let mut streams = Vec::with_capacity(k);
-        for (i, (prompt, params)) in requests.into_iter().enumerate() {
+        for (i, (prompt, mut params)) in requests.into_iter().enumerate() {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (sink, rx) = unbounded_channel();
+            // The stream detokenizes; the engine thread only samples.
+            let text = std::mem::replace(&mut params.detokenize, false).then(|| StreamText {
+                model: self.model.clone(),
+                detok: Detokenizer::new(params.stop.clone()),
+                num_output_tokens: 0,
+                stopped: None,
+                tx: self.tx.clone(),
+            });
             let add = Command::Add {
                 id,
                 prompt,
@@ -139,7 +233,7 @@ impl Engine {
                 self.queued.fetch_sub(k - i, Ordering::AcqRel);
                 return Err(EngineError::ShutDown);
             }
-            streams.push(RequestStream { id, rx });
+            streams.push(RequestStream { id, rx, text });
         }
         Ok(streams)
     }
@@ -213,6 +307,7 @@ fn run(
                     }
                 }
                 Command::Abort(id) => core.abort(id),
+                Command::StopAtText(id, stop) => core.stop_at_text(id, stop),
                 Command::AbortAll => core.abort_all(),
                 Command::Shutdown => {
                     core.abort_all();

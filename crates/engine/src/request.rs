@@ -7,11 +7,9 @@
 
 use std::time::Instant;
 
-use pagellm_model::tokenizer::IncrementalDecoder;
-
 use crate::kv_cache::{extend_block_hashes, BlockHash};
 use crate::sampler::{Sampler, SamplingParams};
-use crate::stop::StopStrings;
+use crate::stop::Detokenizer;
 
 pub type RequestId = u64;
 
@@ -157,8 +155,7 @@ pub struct Request {
     pub num_preemptions: usize,
     pub block_hashes: Vec<BlockHash>,
     pub sampler: Sampler,
-    pub decoder: IncrementalDecoder,
-    pub stop_strings: StopStrings,
+    pub detok: Detokenizer,
     /// Order of arrival, for fcfs and tie-breaking.
     pub seq: u64,
 }
@@ -191,8 +188,7 @@ impl Request {
             num_preemptions: 0,
             block_hashes: Vec::new(),
             sampler: Sampler::new(params.sampling.clone())?,
-            decoder: IncrementalDecoder::new(true),
-            stop_strings: StopStrings::new(params.stop.clone()),
+            detok: Detokenizer::new(params.stop.clone()),
             seq,
             params,
         })

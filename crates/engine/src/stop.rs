@@ -5,6 +5,8 @@
 //! the text before it is released and the string itself (and anything after) is not,
 //! as in vLLM and the OpenAI API.
 
+use pagellm_model::tokenizer::{IncrementalDecoder, Tokenizer};
+
 #[derive(Debug, Clone, Default)]
 pub struct StopStrings {
     stops: Vec<String>,
@@ -78,6 +80,41 @@ impl StopStrings {
             }
         }
         best
+    }
+}
+
+/// Token ids in, releasable text out: incremental detokenization (which holds back
+/// incomplete UTF-8) followed by the stop-string scan.
+pub struct Detokenizer {
+    decoder: IncrementalDecoder,
+    stops: StopStrings,
+}
+
+impl Detokenizer {
+    pub fn new(stop: Vec<String>) -> Self {
+        Self {
+            decoder: IncrementalDecoder::new(true),
+            stops: StopStrings::new(stop),
+        }
+    }
+
+    /// Adds one generated token.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> StopScan {
+        let piece = self.decoder.push(tokenizer, id).unwrap_or_default();
+        self.stops.push(&piece)
+    }
+
+    /// Generation ended for another reason than a stop string: releases what was held
+    /// back (a stop string can still match in the decoder's last bytes).
+    pub fn finish(&mut self) -> String {
+        let tail = self.decoder.finish().unwrap_or_default();
+        match self.stops.push(&tail) {
+            StopScan::Continue(mut t) => {
+                t.push_str(&self.stops.flush());
+                t
+            }
+            StopScan::Stopped { text, .. } => text,
+        }
     }
 }
 

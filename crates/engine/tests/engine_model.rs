@@ -328,6 +328,29 @@ fn stop_conditions_and_finish_reasons() {
         Some(StopReason::Text(word.clone()))
     );
     assert_eq!(out[0].text, base.text[..cut], "stop string {word:?}");
+    // Through the threaded engine the stream makes the text and finds the stop string
+    // off the engine thread; the answer is the same, extra tokens are not counted.
+    let engine = Engine::start(m.clone(), &config()).unwrap();
+    let mut p = greedy(24);
+    p.stop = vec![word.clone()];
+    let mut s = engine.submit(prompt.clone(), p).unwrap();
+    let (mut text, mut tokens, mut fin) = (String::new(), Vec::new(), None);
+    while let Some(o) = s.blocking_next() {
+        text.push_str(&o.text);
+        tokens.extend(o.token_ids);
+        fin = o.finish.or(fin);
+    }
+    let fin = fin.unwrap();
+    assert_eq!(text, out[0].text);
+    assert_eq!(tokens, out[0].tokens);
+    assert_eq!(fin.stop_reason, out[0].finish.stop_reason);
+    assert_eq!(fin.usage, out[0].finish.usage);
+    let t = Instant::now();
+    while engine.stats().finished[FinishReason::Stop as usize] != 1 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", engine.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(engine);
     let first = base
         .tokens
         .iter()
