@@ -14,6 +14,9 @@ pub struct EngineConfig {
     /// blocks are first used.
     pub kv_cache_memory: u64,
     pub kv_cache_dtype: KvDtype,
+    /// Exactly this many KV blocks, overriding `kv_cache_memory` (vLLM's
+    /// `--num-gpu-blocks-override`).
+    pub num_kv_blocks: Option<usize>,
     pub enable_prefix_caching: bool,
     /// Longest sequence (prompt + output) served; `None` = the model's context length.
     pub max_model_len: Option<usize>,
@@ -33,6 +36,7 @@ impl Default for EngineConfig {
             block_size: 16,
             kv_cache_memory: DEFAULT_KV_CACHE_MEMORY,
             kv_cache_dtype: KvDtype::F16,
+            num_kv_blocks: None,
             enable_prefix_caching: true,
             max_model_len: None,
             scheduler: SchedulerConfig::default(),

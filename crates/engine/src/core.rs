@@ -222,9 +222,20 @@ impl EngineCore {
             config.block_size,
             config.kv_cache_dtype,
         ) as u64;
-        let num_blocks = (config.kv_cache_memory / per_block) as usize;
+        let num_blocks = match config.num_kv_blocks {
+            Some(n) => n,
+            None => (config.kv_cache_memory / per_block) as usize,
+        };
         let need = max_model_len.div_ceil(config.block_size);
         if num_blocks < need {
+            if config.num_kv_blocks.is_some() {
+                return bad(format!(
+                    "--num-kv-blocks {num_blocks} holds {} tokens, less than one sequence \
+                     of the maximum length {max_model_len}; raise --num-kv-blocks or lower \
+                     --max-model-len",
+                    num_blocks * config.block_size
+                ));
+            }
             return bad(format!(
                 "--kv-cache-memory of {} bytes holds {} tokens ({num_blocks} blocks of {} \
                  tokens, {per_block} bytes each), less than one sequence of the maximum \

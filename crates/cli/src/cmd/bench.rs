@@ -25,6 +25,11 @@ pub struct Args {
 enum BenchCmd {
     /// Offline throughput: many requests at once through the batching engine.
     Throughput(super::bench_throughput::Args),
+    /// Online serving: streamed requests against an OpenAI-compatible server, with
+    /// `vllm bench serve`'s metrics (TTFT, TPOT, ITL, E2EL, throughput, goodput).
+    Serve(super::bench_serve::Args),
+    /// Draw saved `bench serve` results (JSON) together in one SVG.
+    Plot(super::bench_serve::PlotArgs),
 }
 
 /// Prompt tokens per forward pass in the pp test.
@@ -51,6 +56,8 @@ pub struct LatencyArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.command {
         Some(BenchCmd::Throughput(t)) => super::bench_throughput::run(t),
+        Some(BenchCmd::Serve(s)) => super::bench_serve::run(s),
+        Some(BenchCmd::Plot(p)) => super::bench_serve::plot(p),
         None => run_latency(a.latency),
     }
 }

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_serve;
 pub mod bench_throughput;
 pub mod convert;
 pub mod generate;
@@ -28,6 +29,9 @@ pub struct EngineArgs {
     /// KV cache size in bytes; units accepted (4GiB, 512MiB, 2G).
     #[arg(long, default_value = "4GiB", value_parser = parse_size)]
     pub kv_cache_memory: u64,
+    /// KV cache size in blocks of --block-size tokens, overriding --kv-cache-memory.
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
     /// KV cache element type: auto (= f16), f16, bf16 or f32.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: pagellm_model::KvDtype,
@@ -62,6 +66,7 @@ impl EngineArgs {
             block_size: self.block_size,
             kv_cache_memory: self.kv_cache_memory,
             kv_cache_dtype: self.kv_cache_dtype,
+            num_kv_blocks: self.num_kv_blocks,
             enable_prefix_caching: !self.no_enable_prefix_caching,
             max_model_len: self.max_model_len,
             scheduler: pagellm_engine::SchedulerConfig {
