@@ -11,10 +11,11 @@ both servers load the same GGUF, so token counts agree), --output-len tokens gen
 with end-of-sequence ignored, --max-concurrency C, all requests sent at once
 (--request-rate inf), and max(8, 2*C) prompts.
 
-Both servers get the same threads and the same total KV cache: CTX = input + output + 16
-tokens per request, so
-    pagellm serve      --threads T --max-model-len CTX --num-kv-blocks ceil(C*CTX/16)
-    llama-server       -t T -tb T -np C -c C*CTX      (C slots of CTX tokens each)
+Both servers get the same threads and the same total KV cache. A request needs
+CTX = input + output + 16 tokens; llama.cpp rounds each slot's context up to a multiple of
+256 tokens (SLOT = 512 for CTX = 272), so the KV cache is C*SLOT tokens on both:
+    pagellm serve      --threads T --max-model-len CTX --num-kv-blocks C*SLOT/16
+    llama-server       -t T -tb T -np C -c C*SLOT     (C slots of SLOT tokens each)
 llama-server keeps its defaults otherwise (continuous batching, per-slot prompt cache);
 pagellm keeps its defaults otherwise (prefix caching, chunked prefill).
 
@@ -26,6 +27,10 @@ TTFT and throughput of both and their ratio.
 Writes Markdown tables for BENCHMARKS.md (to --out, or stdout) with medians per cell over
 --rounds, and keeps every raw `bench serve` JSON (vLLM field names) and server log under
 --results-dir, plus summary.json with everything. Progress goes to stderr. Not run by CI.
+Run it on an otherwise idle machine: llama.cpp's worker threads spin while waiting, so
+other processes on the same cores slow llama-server far more than pagellm (seen: 3 s per
+token with two compilers running on 2 cores, against ~0.1 s idle). The load average at the
+start is printed in the report.
 
 Usage:
     scripts/bench_serve_vs_llamacpp.py --llama-server PATH/TO/llama-server
@@ -78,6 +83,7 @@ DEFAULT_CONCURRENCY = {"smollm2-135m": [1, 4, 16, 64], "qwen2.5-coder-1.5b": [1,
 FALLBACK_CONCURRENCY = [1, 4]
 BLOCK = 16  # pagellm's KV block size in tokens (its --block-size default)
 CTX_SLACK = 16  # extra tokens of context per request beyond input + output
+LLAMA_CTX_PAD = 256  # llama.cpp pads each slot's context (n_ctx_seq) to a multiple of this
 
 
 def log(msg: str) -> None:
@@ -93,8 +99,14 @@ def ctx_per_request(input_len: int, output_len: int) -> int:
     return input_len + output_len + CTX_SLACK
 
 
+def slot_ctx(ctx: int) -> int:
+    """The context llama-server gives each slot when asked for ctx tokens per slot."""
+    return math.ceil(ctx / LLAMA_CTX_PAD) * LLAMA_CTX_PAD
+
+
 def kv_blocks(c: int, ctx: int) -> int:
-    return math.ceil(c * ctx / BLOCK)
+    """pagellm KV blocks holding as many tokens as llama-server's C slots."""
+    return math.ceil(c * slot_ctx(ctx) / BLOCK)
 
 
 def free_port() -> int:
@@ -258,7 +270,7 @@ def llama_server_cmd(a, flags: set, gguf: str, model: str, port: int, c: int, ct
     cmd = [a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", port, "-t", a.threads]
     if "-tb" in flags or "--threads-batch" in flags:
         cmd += ["-tb", a.threads]
-    cmd += ["-np", c, "-c", c * ctx]
+    cmd += ["-np", c, "-c", c * slot_ctx(ctx)]
     if "--alias" in flags:
         cmd += ["--alias", model]  # so /v1/models and responses name the model like pagellm does
     if "--no-webui" in flags:
@@ -357,9 +369,32 @@ def git_rev() -> str:
         return "unknown"
 
 
+def write_plots(a, conc, results) -> list:
+    """One SVG per model: throughput against TTFT and TPOT, one line per engine (the
+    first round's runs), drawn by `pagellm bench plot`. Returns (model, path) pairs."""
+    plots = []
+    for model in a.models:
+        inputs = []
+        for eng in a.engines:
+            runs = [rs[0] for c in conc[model] if (rs := results.get((model, c, eng))) and rs[0]]
+            if not runs:
+                continue
+            path = os.path.join(a.results_dir, f"sweep-{safe(model)}-{eng}.json")
+            with open(path, "w") as f:
+                json.dump({"sweep": "max_concurrency", "label": eng, "runs": runs}, f)
+            inputs.append(path)
+        if not inputs:
+            continue
+        out = os.path.join(a.results_dir, f"serve-{safe(model)}.svg")
+        title = f"{model}: {a.input_len} in / {a.output_len} out, concurrency {','.join(map(str, conc[model]))}"
+        subprocess.run([a.pagellm, "bench", "plot", "--out", out, "--title", title, *inputs], check=True)
+        plots.append((model, out))
+    return plots
+
+
 def markdown(a, conc, results, prefix, json_paths, llama_version) -> str:
     rounds = a.rounds
-    across = f"median over {rounds} rounds" if rounds > 1 else "1 round"
+    across = f"median over {rounds} rounds" if rounds > 1 else "a single round"
     out = []
     out.append("## Online serving: pagellm serve vs llama-server\n")
     out.append(f"- command: `{shlex.join(sys.argv)}`")
@@ -369,8 +404,10 @@ def markdown(a, conc, results, prefix, json_paths, llama_version) -> str:
     out.append(f"- client: `pagellm bench serve --endpoint completions --dataset random --input-len {a.input_len} "
                f"--output-len {a.output_len} --ignore-eos --request-rate inf --max-concurrency C "
                f"--num-prompts max(8, {a.prompts_per_concurrency}*C) --seed {a.seed}`; threads {a.threads}; "
-               f"KV cache of C x {ctx_per_request(a.input_len, a.output_len)} tokens on both servers")
-    out.append(f"- rounds: {rounds} (cells are the {across}; completed/failed are summed over rounds)\n")
+               f"KV cache of C x {slot_ctx(ctx_per_request(a.input_len, a.output_len))} tokens on both servers")
+    cells = "each cell is the median over rounds" if rounds > 1 else "one run per cell"
+    out.append(f"- rounds: {rounds} ({cells}; completed/failed are summed over rounds)")
+    out.append(f"- load average (1 min) when the run started: {a.load_at_start:.2f}\n")
     for model in a.models:
         out.append(f"### {model}\n")
         out.append("| concurrency | engine | output tok/s | p50 TTFT ms | p99 TTFT ms | p50 TPOT ms | p50 ITL ms "
@@ -462,6 +499,10 @@ def main() -> None:
     a.prefix_model = a.prefix_model or a.models[0]
     conc = parse_concurrency(a.concurrency, a.models)
     runner = Runner(a.dry_run, a.results_dir, a.health_timeout)
+    a.load_at_start = os.getloadavg()[0]
+    if not a.dry_run and a.load_at_start > 0.5:
+        log(f"warning: load average {a.load_at_start:.2f}: other processes use the CPU; results will be "
+            f"noisy, and llama.cpp's spinning worker threads slow down far more than pagellm under contention")
     if not a.dry_run:
         os.makedirs(a.results_dir, exist_ok=True)
         if not os.access(a.pagellm, os.X_OK):
@@ -557,7 +598,9 @@ def main() -> None:
             "prefix": [{"prefix_caching": mode, "round": i + 1, "result": r}
                        for mode, rs in prefix.items() for i, r in enumerate(rs)],
         }, f, indent=1)
+    plots = write_plots(a, conc, results)
     md = markdown(a, conc, results, prefix, json_paths, llama_version)
+    md += "".join(f"\nPlot ({m}): `{p}`" for m, p in plots)
     if a.out:
         with open(a.out, "w") as f:
             f.write(md + "\n")

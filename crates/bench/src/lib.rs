@@ -65,8 +65,11 @@ pub async fn run(cfg: &RunConfig, samples: &[Sample]) -> anyhow::Result<Summary>
     );
     let offsets =
         schedule::arrival_offsets(samples.len(), cfg.request_rate, cfg.burstiness, cfg.seed)?;
+    // A fresh connection per request: some servers (llama.cpp's) close a connection
+    // after each stream while advertising keep-alive, and a pooled dead connection
+    // would fail a request that never reached the server.
     let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(cfg.max_concurrency.unwrap_or(samples.len()))
+        .pool_max_idle_per_host(0)
         .build()?;
     let permits = Arc::new(tokio::sync::Semaphore::new(
         cfg.max_concurrency.unwrap_or(samples.len()).max(1),
