@@ -25,6 +25,8 @@ pub struct Series {
     /// (x, y, point label)
     pub points: Vec<(f64, f64, String)>,
     pub dashed: bool,
+    /// Index into the palette: series of one engine share it.
+    pub color: usize,
 }
 
 pub struct Chart {
@@ -144,7 +146,7 @@ impl Chart {
         );
         // Lines, points, point labels, legend.
         for (i, s) in self.series.iter().enumerate() {
-            let c = COLORS[i % COLORS.len()];
+            let c = COLORS[s.color % COLORS.len()];
             let path: Vec<String> = s
                 .points
                 .iter()
@@ -233,10 +235,12 @@ pub fn run_chart(s: &Value) -> String {
     let series = |names: &[&str]| -> Vec<Series> {
         names
             .iter()
-            .map(|n| Series {
+            .enumerate()
+            .map(|(i, n)| Series {
                 name: n.to_uppercase(),
                 points: pct(n),
                 dashed: false,
+                color: i,
             })
             .collect()
     };
@@ -277,7 +281,8 @@ pub fn sweep_chart(title: &str, sweeps: &[(String, Vec<Value>)]) -> String {
     let lines = |stat: &str, metric: &str, dashed: bool| -> Vec<Series> {
         sweeps
             .iter()
-            .map(|(label, runs)| Series {
+            .enumerate()
+            .map(|(i, (label, runs))| Series {
                 name: format!("{label} {}", if stat == "median" { "p50" } else { stat }),
                 points: runs
                     .iter()
@@ -294,6 +299,7 @@ pub fn sweep_chart(title: &str, sweeps: &[(String, Vec<Value>)]) -> String {
                     })
                     .collect(),
                 dashed,
+                color: i,
             })
             .collect()
     };
