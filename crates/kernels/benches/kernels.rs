@@ -203,5 +203,61 @@ fn bench_matmul(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_dot, bench_quantize, bench_matmul);
+/// One layer's attention for a decode step of 16 sequences with 256 cached positions
+/// each, smollm2-135m's heads (9 query, 3 key/value, 64 wide), one thread; and the same
+/// for a 128-token prompt (the prompt-order summation).
+fn bench_attention(c: &mut Criterion) {
+    use half::f16;
+    use pagellm_kernels::ops::attention::{attention, AttnSeq, AttnShape, ContiguousKv};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let pool = ThreadPool::new(1);
+    let shape = AttnShape {
+        n_heads: 9,
+        n_kv_heads: 3,
+        head_dim: 64,
+    };
+    let mut g = c.benchmark_group("attention");
+    g.sample_size(30);
+    for (name, n_seqs, ctx, n_tokens) in [
+        ("decode/16x256", 16, 256, 1),
+        ("prefill/1x128", 1, 128, 128),
+    ] {
+        let kv_len = ctx * shape.n_kv_heads * shape.head_dim;
+        let k: Vec<f16> = (0..kv_len)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let v: Vec<f16> = (0..kv_len)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let seqs: Vec<AttnSeq<ContiguousKv>> = (0..n_seqs)
+            .map(|i| AttnSeq {
+                token0: i * n_tokens,
+                pos0: ctx - n_tokens,
+                n_tokens,
+                decode_from: if n_tokens == 1 { 0 } else { ctx },
+                kv: ContiguousKv {
+                    k: &k,
+                    v: &v,
+                    n_kv_heads: shape.n_kv_heads,
+                    head_dim: shape.head_dim,
+                },
+            })
+            .collect();
+        let rows = n_seqs * n_tokens * shape.n_heads * shape.head_dim;
+        let q: Vec<f32> = (0..rows).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let mut out = vec![0f32; rows];
+        g.bench_function(name, |b| {
+            b.iter(|| attention(&pool, shape, black_box(&q), &seqs, &mut out))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_dot,
+    bench_quantize,
+    bench_matmul,
+    bench_attention
+);
 criterion_main!(benches);

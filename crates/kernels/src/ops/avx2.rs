@@ -59,6 +59,18 @@ pub unsafe fn f16_bits_to_f32(src: &[u16], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn round_to_f16(x: &mut [f32]) {
+    let mut c = x.chunks_exact_mut(8);
+    for v in &mut c {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(v.as_ptr()));
+        _mm256_storeu_ps(v.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+    for v in c.into_remainder() {
+        *v = half::f16::from_f32(*v).to_f32();
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
     let n = a.len();
     let (pa, pb) = (a.as_ptr(), b.as_ptr() as *const u16);
