@@ -69,8 +69,9 @@ fn fmt_tick(v: f64) -> String {
 impl Chart {
     fn draw(&self, o: &mut String, ox: f64, oy: f64) {
         let pts = self.series.iter().flat_map(|s| &s.points);
-        let xmax = pts.clone().map(|p| p.0).fold(0.0, f64::max);
-        let ymax = pts.map(|p| p.1).fold(0.0, f64::max);
+        // 8% headroom so the outermost points' labels stay inside the plot.
+        let xmax = pts.clone().map(|p| p.0).fold(0.0, f64::max) * 1.08;
+        let ymax = pts.map(|p| p.1).fold(0.0, f64::max) * 1.08;
         let (xs, ys) = (
             nice_step(xmax.max(1e-9), 5.0),
             nice_step(ymax.max(1e-9), 5.0),
