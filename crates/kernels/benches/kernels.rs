@@ -1,6 +1,7 @@
 //! Kernel micro-benchmarks: quantized dot products (one weight row against one or
 //! four activation rows) at the row lengths of the test models, on each of llama.cpp's
-//! paths for the K-quants, and activation quantization. Throughput is in bytes of weights (of f32 input for the
+//! paths for the K-quants, activation quantization, whole matmuls and one layer's
+//! attention. Throughput is in bytes of weights (of f32 input for the
 //! quantizer). Each iteration takes the next of 64 rows so the weights come from L1/L2
 //! like in a tiled matmul, not from one hot row.
 
