@@ -335,6 +335,13 @@ mod tests {
         assert!(s.contains("a &lt;b&gt; &amp; c"));
         assert!(s.contains(">pagellm p50<") && s.contains(">other p99<") && s.contains(">c=4<"));
         assert_eq!(s.matches("<polyline").count(), 8);
+        // One colour per engine: its p50 and p99 lines in both charts.
+        for c in &COLORS[..2] {
+            assert_eq!(
+                s.matches(&format!(r#"fill="none" stroke="{c}""#)).count(),
+                4
+            );
+        }
         assert!(!s.contains("NaN") && !s.contains("inf"));
         let r = run_chart(&json!({"label": "x", "median_ttft_ms": 5.0, "p99_e2el_ms": 900.0}));
         assert_eq!(r.matches("<polyline").count(), 4);
