@@ -16,6 +16,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible API (completions, chat, models, tokenize).
     Serve(cmd::serve::Args),
+    /// Route OpenAI requests across many models and replicas (reads LiteLLM configs).
+    Gateway(cmd::gateway::Args),
     /// Generate text from a prompt (streams to stdout, timings to stderr).
     Generate(cmd::generate::Args),
     /// Print a text's token ids as a JSON array.
@@ -40,6 +42,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Gateway(a) => cmd::gateway::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Models(c) => cmd::models::run(c),

@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_serve;
 pub mod bench_throughput;
 pub mod convert;
+pub mod gateway;
 pub mod generate;
 pub mod models;
 pub mod serve;

@@ -106,7 +106,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 /// Resolves on SIGINT (ctrl-c) or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
