@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -27,9 +27,7 @@ fn master<'a>(gw: &'a Gateway, headers: &HeaderMap) -> Result<&'a Store, Gateway
             ))
         }
         Principal::Virtual(_) => {
-            return Err(GatewayError::new(
-                StatusCode::FORBIDDEN,
-                "permission_error",
+            return Err(GatewayError::unauthorized(
                 "only the master key may manage keys",
             ))
         }
