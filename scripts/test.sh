@@ -4,6 +4,13 @@
 # test of the workspace and the OpenAI SDK conformance test against `pagellm serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What the tests run against besides the workspace: the official OpenAI SDK, and a real
+# redis-server (the gateway's shared rate limits).
+python3 -m pip install --quiet --disable-pip-version-check openai \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai
+if ! command -v redis-server >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+fi
 for m in smollm2-135m qwen2.5-coder-0.5b; do
     cargo run --release --quiet -p pagellm -- models pull "$m"
 done

@@ -234,7 +234,8 @@ impl Relay {
                         Failure::Connection,
                     )
                 }
-                Ok(Some(Err(e))) => return End::Broken(e.to_string(), failure_of(&e)),
+                // A body that breaks off mid-stream: the connection died with the replica.
+                Ok(Some(Err(e))) => return End::Broken(e.to_string(), Failure::Connection),
                 Ok(Some(Ok(b))) => b,
             };
             let events = match sse.push(&chunk) {
