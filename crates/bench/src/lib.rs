@@ -10,6 +10,7 @@
 pub mod client;
 pub mod dataset;
 pub mod metrics;
+pub mod overhead;
 pub mod plot;
 pub mod report;
 pub mod schedule;

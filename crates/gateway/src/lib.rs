@@ -283,6 +283,12 @@ pub async fn serve(
             }
         });
     }
+    use axum::serve::ListenerExt;
+    // Relayed chunks are small writes: without TCP_NODELAY, Nagle's algorithm holds each
+    // one back until the client's delayed ACK (40 ms).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(gw))
         .with_graceful_shutdown(shutdown)
         .await

@@ -13,7 +13,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -244,7 +244,14 @@ impl Relay {
             };
             for data in events {
                 if data.trim() == "[DONE]" {
-                    return match self.send_raw("[DONE]").await {
+                    let sent = self.send_raw("[DONE]").await;
+                    // Read the upstream body to its end so its connection goes back to
+                    // the pool instead of being closed.
+                    let _ = tokio::time::timeout(Duration::from_millis(100), async {
+                        while let Some(Ok(_)) = body.next().await {}
+                    })
+                    .await;
+                    return match sent {
                         Ok(()) => End::Done,
                         Err(()) => End::ClientGone,
                     };

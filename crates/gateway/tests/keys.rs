@@ -223,10 +223,12 @@ fn redis() -> Redis {
         ])
         .stdout(Stdio::null())
         .spawn()
-        .expect("redis-server must be installed (apt-get install redis-server; .ci/run does)");
+        .expect("redis-server must be installed (apt-get install redis-server; scripts/test.sh does)");
+    // Owned from here on: dropping it kills and reaps the server, even on a panic.
+    let redis = Redis(child, port);
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Redis(child, port);
+            return redis;
         }
         std::thread::sleep(Duration::from_millis(25));
     }

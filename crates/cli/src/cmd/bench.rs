@@ -30,6 +30,11 @@ enum BenchCmd {
     Serve(super::bench_serve::Args),
     /// Draw saved `bench serve` results (JSON) together in one SVG.
     Plot(super::bench_serve::PlotArgs),
+    /// A gateway's added latency: open-loop chat requests at fixed rates against a
+    /// URL (a gateway in front of `bench mock-upstream`, or the mock itself).
+    Overhead(super::bench_overhead::Args),
+    /// An OpenAI-compatible upstream that answers at once, for `bench overhead`.
+    MockUpstream(super::bench_overhead::MockArgs),
 }
 
 /// Prompt tokens per forward pass in the pp test.
@@ -58,6 +63,8 @@ pub fn run(a: Args) -> Result<()> {
         Some(BenchCmd::Throughput(t)) => super::bench_throughput::run(t),
         Some(BenchCmd::Serve(s)) => super::bench_serve::run(s),
         Some(BenchCmd::Plot(p)) => super::bench_serve::plot(p),
+        Some(BenchCmd::Overhead(o)) => super::bench_overhead::run(o),
+        Some(BenchCmd::MockUpstream(m)) => super::bench_overhead::mock(m),
         None => run_latency(a.latency),
     }
 }

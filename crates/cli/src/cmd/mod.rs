@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_overhead;
 pub mod bench_serve;
 pub mod bench_throughput;
 pub mod convert;
