@@ -197,12 +197,15 @@ def main():
         def many_models():
             ids = sorted(m.id for m in client.models.list())
             assert ids == sorted([SMOLLM, QWEN]), ids
-            seen = set()
-            for i in range(8):
+            # Concurrent: prefix-aware routing keeps a shared prefix on one replica
+            # until the load guard spreads the excess.
+            def hi(i):
                 raw = client.chat.completions.with_raw_response.create(
-                    model=SMOLLM, messages=[{"role": "user", "content": f"Say hi {i}"}], max_tokens=4)
-                seen.add(raw.headers["x-pagellm-replica"])
+                    model=SMOLLM, messages=[{"role": "user", "content": f"Say hi {i}"}], max_tokens=16)
                 assert raw.parse().choices[0].message.content
+                return raw.headers["x-pagellm-replica"]
+            with ThreadPoolExecutor(12) as ex:
+                seen = set(ex.map(hi, range(12)))
             assert len(seen) >= 2, f"only {seen} served smollm2"
             raw = client.completions.with_raw_response.create(model=QWEN, prompt="def add(a, b):", max_tokens=8,
                                                               temperature=0)

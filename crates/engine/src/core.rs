@@ -124,6 +124,24 @@ impl EngineLimits {
                 max_model_len: self.max_model_len,
             });
         }
+        if let Some(r) = &params.resume {
+            if let Some(&t) = r
+                .output_token_ids
+                .iter()
+                .find(|&&t| t as usize >= self.vocab_size)
+            {
+                return Err(EngineError::InvalidParam(format!(
+                    "pagellm_resume.output_token_ids: token id {t} is outside the vocabulary of {}",
+                    self.vocab_size
+                )));
+            }
+            if r.output_token_ids.len() >= max_tokens {
+                return Err(EngineError::InvalidParam(format!(
+                    "pagellm_resume.output_token_ids: {} tokens leave no room under max_tokens {max_tokens}",
+                    r.output_token_ids.len()
+                )));
+            }
+        }
         Ok(max_tokens)
     }
 }
@@ -284,6 +302,11 @@ impl EngineCore {
 
     pub fn limits(&self) -> EngineLimits {
         self.limits
+    }
+
+    /// Prefix-cache changes since the last call (see [`crate::kv_events`]).
+    pub fn take_kv_events(&mut self) -> Vec<crate::kv_cache::KvEvent> {
+        self.sched.kv.take_events()
     }
 
     /// Counts admitted requests down from `queued` (see [`crate::Engine`]'s waiting limit).

@@ -44,6 +44,7 @@ pub struct Engine {
     /// Submitted and not yet admitted (see `max_waiting_requests`).
     queued: Arc<AtomicUsize>,
     max_waiting: Option<usize>,
+    kv_events: crate::kv_events::KvEvents,
 }
 
 /// The outputs of one request, ending with the one that carries `finish`.
@@ -66,6 +67,47 @@ struct StreamText {
     /// A stop string matched: which, and how many output tokens count.
     stopped: Option<(String, usize)>,
     tx: mpsc::Sender<Command>,
+    /// A resumed request: text of the resumed tokens the client does not have yet,
+    /// sent before the first new text.
+    pending: String,
+    /// A resumed request: bytes of upcoming text the client already has.
+    skip: usize,
+}
+
+impl StreamText {
+    /// Primes the detokenizer and stop strings with a resumed request's tokens.
+    fn resume(&mut self, r: &crate::request::Resume) {
+        let mut released = String::new();
+        for &t in &r.output_token_ids {
+            self.num_output_tokens += 1;
+            match self.detok.push(&self.model.tokenizer, t) {
+                StopScan::Continue(text) | StopScan::Stopped { text, .. } => {
+                    released.push_str(&text)
+                }
+            }
+        }
+        let mut at = r.text_offset.min(released.len());
+        while !released.is_char_boundary(at) {
+            at += 1;
+        }
+        self.pending = released.split_off(at);
+        self.skip = r.text_offset.saturating_sub(at);
+    }
+
+    /// Applies a resumed request's text offset to the text of one update.
+    fn offset(&mut self, text: &mut String) {
+        if !self.pending.is_empty() {
+            text.insert_str(0, &std::mem::take(&mut self.pending));
+        }
+        if self.skip > 0 {
+            let mut n = self.skip.min(text.len());
+            while !text.is_char_boundary(n) {
+                n += 1;
+            }
+            text.drain(..n);
+            self.skip -= n.min(self.skip);
+        }
+    }
 }
 
 impl RequestStream {
@@ -134,6 +176,7 @@ impl RequestStream {
                             st.stopped = Some((stop, n));
                         }
                     }
+                    st.offset(&mut o.text);
                     return Some(o);
                 }
             }
@@ -141,6 +184,7 @@ impl RequestStream {
         if o.finish.is_some() {
             o.text.push_str(&st.detok.finish());
         }
+        st.offset(&mut o.text);
         Some(o)
     }
 }
@@ -156,9 +200,10 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(core.stats()));
         let shared = stats.clone();
+        let (kv_pub, kv_events) = crate::kv_events::channel();
         let thread = std::thread::Builder::new()
             .name("pagellm-engine".into())
-            .spawn(move || run(core, rx, shared, queued2))
+            .spawn(move || run(core, rx, shared, queued2, kv_pub))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx,
@@ -169,6 +214,7 @@ impl Engine {
             thread: Mutex::new(Some(thread)),
             queued,
             max_waiting: config.max_waiting_requests,
+            kv_events,
         })
     }
 
@@ -178,6 +224,11 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.model
+    }
+
+    /// Subscribes to the prefix cache's changes.
+    pub fn kv_events(&self) -> crate::kv_events::KvEvents {
+        self.kv_events.clone()
     }
 
     /// Queues a request; it is checked here, so a request that can never run fails
@@ -215,12 +266,20 @@ impl Engine {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (sink, rx) = unbounded_channel();
             // The stream detokenizes; the engine thread only samples.
-            let text = std::mem::replace(&mut params.detokenize, false).then(|| StreamText {
-                model: self.model.clone(),
-                detok: Detokenizer::new(params.stop.clone()),
-                num_output_tokens: 0,
-                stopped: None,
-                tx: self.tx.clone(),
+            let text = std::mem::replace(&mut params.detokenize, false).then(|| {
+                let mut t = StreamText {
+                    model: self.model.clone(),
+                    detok: Detokenizer::new(params.stop.clone()),
+                    num_output_tokens: 0,
+                    stopped: None,
+                    tx: self.tx.clone(),
+                    pending: String::new(),
+                    skip: 0,
+                };
+                if let Some(r) = &params.resume {
+                    t.resume(r);
+                }
+                t
             });
             let add = Command::Add {
                 id,
@@ -277,6 +336,7 @@ fn run(
     rx: mpsc::Receiver<Command>,
     stats: Arc<Mutex<EngineStats>>,
     queued: Arc<AtomicUsize>,
+    kv: crate::kv_events::KvEventPublisher,
 ) {
     loop {
         // Busy: take what has arrived and step. Idle: sleep until a command comes.
@@ -311,18 +371,23 @@ fn run(
                 Command::AbortAll => core.abort_all(),
                 Command::Shutdown => {
                     core.abort_all();
-                    publish(&core, &stats);
+                    publish(&mut core, &stats, &kv);
                     return;
                 }
             }
         }
         core.step();
-        publish(&core, &stats);
+        publish(&mut core, &stats, &kv);
     }
 }
 
-fn publish(core: &EngineCore, stats: &Mutex<EngineStats>) {
+fn publish(
+    core: &mut EngineCore,
+    stats: &Mutex<EngineStats>,
+    kv: &crate::kv_events::KvEventPublisher,
+) {
     if let Ok(mut s) = stats.lock() {
         *s = core.stats();
     }
+    kv.publish(core.take_kv_events());
 }

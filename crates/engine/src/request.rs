@@ -37,6 +37,21 @@ pub struct RequestParams {
     /// Return each sampled token's log-probability and this many alternatives
     /// (at most [`crate::logprobs::MAX_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// Continue a request another engine started (see [`Resume`]).
+    pub resume: Option<Resume>,
+}
+
+/// Output already generated for this request elsewhere (a stream whose server died,
+/// continued here). The tokens become the request's first output tokens: they count
+/// towards `max_tokens`, `min_tokens`, usage and penalties, a seeded sampler is
+/// advanced past them, and attention treats them as generated positions, so what
+/// follows is what the uninterrupted run would have produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    pub output_token_ids: Vec<u32>,
+    /// Bytes of the output text the client already has; the stream's text starts
+    /// there (it may include text of resumed tokens that was still held back).
+    pub text_offset: usize,
 }
 
 impl Default for RequestParams {
@@ -52,6 +67,7 @@ impl Default for RequestParams {
             cache_salt: None,
             detokenize: true,
             logprobs: None,
+            resume: None,
         }
     }
 }
@@ -170,10 +186,17 @@ impl Request {
         max_tokens: usize,
         arrival: Instant,
     ) -> Result<Self, crate::sampler::SamplingError> {
+        let prompt_len = prompt.len();
+        let mut tokens = prompt;
+        let mut sampler = Sampler::new(params.sampling.clone())?;
+        if let Some(r) = &params.resume {
+            tokens.extend_from_slice(&r.output_token_ids);
+            sampler.skip(r.output_token_ids.len());
+        }
         Ok(Self {
             id,
-            prompt_len: prompt.len(),
-            tokens: prompt,
+            prompt_len,
+            tokens,
             num_computed_tokens: 0,
             num_cached_tokens: None,
             max_tokens,
@@ -187,7 +210,7 @@ impl Request {
             },
             num_preemptions: 0,
             block_hashes: Vec::new(),
-            sampler: Sampler::new(params.sampling.clone())?,
+            sampler,
             detok: Detokenizer::new(params.stop.clone()),
             seq,
             params,

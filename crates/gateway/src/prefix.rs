@@ -85,7 +85,9 @@ pub fn prefix_key(
         })
     });
     if let (Some(t), Some(bs)) = (toks.get(group), block_size) {
-        if let Ok(prompts) = prompt_ids_pending(&t.tok, t.template.as_ref(), chat, body) {
+        if let Ok(prompts) =
+            pagellm_server::prompt_token_ids(&t.tok, t.template.as_ref(), chat, body)
+        {
             if let Some(ids) = prompts.first() {
                 let salt = body.get("cache_salt").and_then(Value::as_str);
                 let mut hashes = Vec::new();
@@ -142,14 +144,4 @@ fn prompt_text(body: &Value, chat: bool) -> String {
         }
     }
     s
-}
-
-// TEMPORARY until the server exposes its prompt rendering.
-fn prompt_ids_pending(
-    _: &Tokenizer,
-    _: Option<&ChatTemplate>,
-    _: bool,
-    _: &Value,
-) -> Result<Vec<Vec<u32>>, ()> {
-    Err(())
 }

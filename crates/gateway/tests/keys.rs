@@ -223,7 +223,9 @@ fn redis() -> Redis {
         ])
         .stdout(Stdio::null())
         .spawn()
-        .expect("redis-server must be installed (apt-get install redis-server; scripts/test.sh does)");
+        .expect(
+            "redis-server must be installed (apt-get install redis-server; scripts/test.sh does)",
+        );
     // Owned from here on: dropping it kills and reaps the server, even on a panic.
     let redis = Redis(child, port);
     for _ in 0..200 {

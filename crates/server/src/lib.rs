@@ -12,6 +12,7 @@
 
 mod api;
 pub mod error;
+mod kv_events;
 mod metrics;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +25,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use pagellm_engine::Engine;
 
-pub use api::{GenRequest, PromptInput};
+pub use api::{prompt_token_ids, GenRequest, PromptInput};
 pub use error::ApiError;
 
 /// What the server needs besides the engine.
@@ -77,7 +78,7 @@ impl AppState {
     }
 
     /// The engine for a new request: 503 while loading or shutting down.
-    fn engine(&self) -> Result<&Engine, ApiError> {
+    pub(crate) fn engine(&self) -> Result<&Engine, ApiError> {
         if self.draining.load(Ordering::Acquire) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
@@ -103,6 +104,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
+        .route("/v1/kv_events", get(kv_events::kv_events))
         .route("/metrics", get(metrics::metrics))
         .route("/health", get(health))
         .route("/version", get(api::version))
@@ -134,6 +136,12 @@ pub async fn serve(
         st.draining.store(true, Ordering::Release);
         let _ = signalled_tx.send(());
     };
+    use axum::serve::ListenerExt;
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds one
+    // back until the client's delayed ACK (40 ms) whenever another is unacknowledged.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(graceful);
     let deadline = async move {
         if signalled_rx.await.is_err() {

@@ -13,11 +13,30 @@ use crate::AppState;
 
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let stats = st.loaded_engine().map(|e| e.stats()).unwrap_or_default();
+    let mut text = render(&stats, &st.config.served_model_name);
+    if let Some(e) = st.loaded_engine() {
+        text.push_str(&cache_config_info(
+            e.limits().block_size,
+            e.limits().num_blocks,
+            &st.config.served_model_name,
+        ));
+    }
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        render(&stats, &st.config.served_model_name),
+        text,
     )
         .into_response()
+}
+
+/// vLLM's info gauge of the cache layout, which routers (llm-d's endpoint picker)
+/// read to compute block hashes the way the engine does.
+pub fn cache_config_info(block_size: usize, num_blocks: usize, model_name: &str) -> String {
+    format!(
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",model_name=\"{}\"}} 1\n",
+        label(model_name)
+    )
 }
 
 /// Escapes a label value (backslash, quote, newline).
@@ -170,6 +189,16 @@ pub fn render(s: &EngineStats, model_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_config_info_is_vllms_info_gauge() {
+        assert_eq!(
+            cache_config_info(16, 512, "m"),
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",model_name=\"m\"} 1\n"
+        );
+    }
 
     #[test]
     fn renders_vllm_names_with_the_model_label() {

@@ -17,6 +17,17 @@ pub type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
 
+/// A change to the prefix cache's contents, as `GET /v1/kv_events` publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvEvent {
+    /// A full block became findable under this hash.
+    Stored(BlockHash),
+    /// The block with this hash was evicted (reused for other content).
+    Removed(BlockHash),
+    /// Every cached prefix was forgotten.
+    Cleared,
+}
+
 #[derive(Debug, Clone)]
 struct Block {
     ref_cnt: u32,
@@ -34,6 +45,8 @@ pub struct BlockPool {
     num_free: usize,
     /// Full blocks by content hash: the prefix cache.
     cached: HashMap<BlockHash, BlockId>,
+    /// Changes to `cached` since the last [`BlockPool::take_events`] (KV events).
+    events: Vec<KvEvent>,
     enable_caching: bool,
 }
 
@@ -55,6 +68,7 @@ impl BlockPool {
             tail: NIL,
             num_free: 0,
             cached: HashMap::new(),
+            events: Vec::new(),
             enable_caching,
         };
         for b in 0..num_blocks as u32 {
@@ -147,6 +161,7 @@ impl BlockPool {
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
             e.insert(b);
             self.blocks[b as usize].hash = Some(hash);
+            self.events.push(KvEvent::Stored(hash));
         }
     }
 
@@ -164,7 +179,20 @@ impl BlockPool {
             b.hash = None;
         }
         self.cached.clear();
+        self.events.clear();
+        self.events.push(KvEvent::Cleared);
         true
+    }
+
+    /// The changes to the set of findable prefix blocks since the last call, in order.
+    /// Each hash is held by at most one block, so `Removed` means the prefix is gone.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Every hash findable in the prefix cache now.
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.cached.keys().copied()
     }
 
     /// Checks the pool's internal consistency; used by tests after every operation.
@@ -215,9 +243,11 @@ impl BlockPool {
     }
 
     fn evict(&mut self, b: BlockId) {
+        // (Records a `Removed` event when the block's hash leaves the index.)
         if let Some(h) = self.blocks[b as usize].hash.take() {
             if self.cached.get(&h) == Some(&b) {
                 self.cached.remove(&h);
+                self.events.push(KvEvent::Removed(h));
             }
         }
     }

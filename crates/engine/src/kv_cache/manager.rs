@@ -52,6 +52,11 @@ impl KvCacheManager {
         &self.pool
     }
 
+    /// See [`BlockPool::take_events`].
+    pub fn take_events(&mut self) -> Vec<super::KvEvent> {
+        self.pool.take_events()
+    }
+
     pub fn usage(&self) -> f64 {
         self.pool.usage()
     }

@@ -143,6 +143,16 @@ impl Sampler {
         &self.params
     }
 
+    /// Advances the random state past `n` sampled tokens, as if [`Sampler::sample`]
+    /// had drawn them: a non-greedy sample takes exactly one draw, a greedy one none.
+    pub fn skip(&mut self, n: usize) {
+        if !self.params.is_greedy() {
+            for _ in 0..n {
+                let _: f32 = self.rng.gen();
+            }
+        }
+    }
+
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {
         self.apply_penalties(logits, prompt, output);

@@ -1,6 +1,5 @@
 //! Endpoint handlers and the OpenAI wire types they speak.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -8,142 +7,36 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagellm_engine::{
     FinishInfo, RequestParams, RequestStream, SamplingParams, StopReason, TokenLogprobs,
     MAX_LOGPROBS,
 };
-use pagellm_model::chat::ChatMessage;
 use pagellm_model::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
 use crate::AppState;
 
-/// A prompt as `/v1/completions` accepts it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum PromptInput {
-    Text(String),
-    Texts(Vec<String>),
-    Ids(Vec<u32>),
-    IdLists(Vec<Vec<u32>>),
-}
+mod prompt;
+mod stream;
+mod types;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum StopInput {
-    One(String),
-    Many(Vec<String>),
-}
+pub use prompt::prompt_token_ids;
+use prompt::{chat_prompt, completion_prompts};
+use stream::stream_response;
+pub use types::{GenRequest, PromptInput};
+use types::{LogprobsInput, StopInput};
 
-/// `logprobs`: a count on `/v1/completions`, a flag on `/v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum LogprobsInput {
-    Flag(bool),
-    Count(i64),
-}
-
-#[derive(Debug, Clone, Deserialize, Default)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct ChatMsg {
-    role: String,
-    content: Option<Content>,
-}
-
-/// Message content: a string, or a list of parts of which text parts are supported.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-impl Content {
-    fn text(&self, i: usize) -> Result<String, ApiError> {
-        match self {
-            Content::Text(t) => Ok(t.clone()),
-            Content::Parts(parts) => {
-                let mut out = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => out.push_str(t),
-                        _ => {
-                            return Err(ApiError::bad_request(
-                                format!(
-                                    "messages[{i}].content[{j}]: only text parts are \
-                                     supported, got type `{}`",
-                                    p.kind
-                                ),
-                                Some("messages"),
-                            ))
-                        }
-                    }
-                }
-                Ok(out)
-            }
-        }
-    }
-}
-
-/// The body of both generation endpoints; each uses `prompt` or `messages`.
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(default)]
-pub struct GenRequest {
-    model: Option<String>,
-    prompt: Option<PromptInput>,
-    messages: Option<Vec<ChatMsg>>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i64>,
-    min_p: Option<f32>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    stop: Option<StopInput>,
-    stop_token_ids: Option<Vec<u32>>,
-    seed: Option<i64>,
-    echo: Option<bool>,
-    n: Option<i64>,
-    ignore_eos: Option<bool>,
-    min_tokens: Option<i64>,
-    priority: Option<i32>,
-    user: Option<String>,
-    cache_salt: Option<String>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    logprobs: Option<LogprobsInput>,
-    top_logprobs: Option<i64>,
-}
-
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.config.api_key else {
         return Ok(());
     };
@@ -163,6 +56,10 @@ fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}"), None))?;
+    parse_value(v)
+}
+
+fn parse_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     if !v.is_object() {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -276,6 +173,10 @@ fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, 
         cache_salt: req.cache_salt.clone(),
         detokenize: true,
         logprobs: logprobs(req, chat)?,
+        resume: req.pagellm_resume.as_ref().map(|r| pagellm_engine::Resume {
+            output_token_ids: r.output_token_ids.clone(),
+            text_offset: r.text_offset,
+        }),
     })
 }
 
@@ -290,7 +191,7 @@ fn n_choices(req: &GenRequest) -> Result<usize, ApiError> {
     }
 }
 
-fn stop_reason_json(s: &Option<StopReason>) -> Value {
+pub(crate) fn stop_reason_json(s: &Option<StopReason>) -> Value {
     match s {
         None => Value::Null,
         Some(StopReason::Token(t)) => json!(t),
@@ -298,12 +199,12 @@ fn stop_reason_json(s: &Option<StopReason>) -> Value {
     }
 }
 
-fn finish_str(f: &FinishInfo) -> &'static str {
+pub(crate) fn finish_str(f: &FinishInfo) -> &'static str {
     f.reason.as_str()
 }
 
 /// Usage over all choices; `n` choices share each prompt, which counts once.
-fn usage_json(finishes: &[&FinishInfo], n: usize) -> Value {
+pub(crate) fn usage_json(finishes: &[&FinishInfo], n: usize) -> Value {
     let per_prompt = || finishes.iter().step_by(n.max(1));
     let prompt: usize = per_prompt().map(|f| f.usage.prompt_tokens).sum();
     let cached: usize = per_prompt().map(|f| f.usage.cached_prompt_tokens).sum();
@@ -317,7 +218,7 @@ fn usage_json(finishes: &[&FinishInfo], n: usize) -> Value {
 }
 
 /// Per-request timing breakdown, in an extra field OpenAI clients ignore.
-fn timings_json(f: &FinishInfo) -> Value {
+pub(crate) fn timings_json(f: &FinishInfo) -> Value {
     let ms = |x: Option<f64>| x.map(|s| s * 1e3);
     json!({
         "queue_ms": ms(f.times.queue_s()),
@@ -330,94 +231,21 @@ fn timings_json(f: &FinishInfo) -> Value {
     })
 }
 
-/// Tokenizes the prompts of a completions request (off the engine thread).
-fn completion_prompts(
-    state: &AppState,
-    p: &Option<PromptInput>,
-) -> Result<Vec<Vec<u32>>, ApiError> {
-    let tok = &state.engine()?.model().tokenizer;
-    let encode = |s: &str| {
-        tok.encode(s, true, true).map_err(|e| {
-            ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
-        })
-    };
-    let prompts = match p {
-        None => {
-            return Err(ApiError::bad_request(
-                "`prompt` is required",
-                Some("prompt"),
-            ))
-        }
-        Some(PromptInput::Text(s)) => vec![encode(s)?],
-        Some(PromptInput::Texts(v)) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,
-        Some(PromptInput::Ids(v)) => vec![v.clone()],
-        Some(PromptInput::IdLists(v)) => v.clone(),
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::bad_request(
-            "`prompt` is an empty list",
-            Some("prompt"),
-        ));
-    }
-    Ok(prompts)
-}
-
-fn chat_prompt(state: &AppState, msgs: &Option<Vec<ChatMsg>>) -> Result<Vec<u32>, ApiError> {
-    let model = state.engine()?.model();
-    let Some(msgs) = msgs else {
-        return Err(ApiError::bad_request(
-            "`messages` is required",
-            Some("messages"),
-        ));
-    };
-    if msgs.is_empty() {
-        return Err(ApiError::bad_request(
-            "`messages` must not be empty",
-            Some("messages"),
-        ));
-    }
-    let tmpl = model.chat_template.as_ref().ok_or_else(|| {
-        ApiError::bad_request("this model has no chat template; use /v1/completions", None)
-    })?;
-    let msgs = msgs
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            Ok(ChatMessage {
-                role: m.role.clone(),
-                content: match &m.content {
-                    Some(c) => c.text(i)?,
-                    None => String::new(),
-                },
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let text = tmpl.render(&msgs, true).map_err(|e| {
-        ApiError::bad_request(
-            format!("cannot apply the chat template: {e}"),
-            Some("messages"),
-        )
-    })?;
-    model.tokenizer.encode(&text, false, true).map_err(|e| {
-        ApiError::bad_request(
-            format!("cannot tokenize the messages: {e}"),
-            Some("messages"),
-        )
-    })
-}
-
 /// One choice's result.
 struct Choice {
     text: String,
+    token_ids: Vec<u32>,
     logprobs: Vec<TokenLogprobs>,
     finish: FinishInfo,
 }
 
 async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
     let mut text = String::new();
+    let mut token_ids = Vec::new();
     let mut logprobs = Vec::new();
     while let Some(o) = s.next().await {
         text.push_str(&o.text);
+        token_ids.extend_from_slice(&o.token_ids);
         logprobs.extend(o.logprobs);
         if let Some(f) = o.finish {
             if let Some(e) = &f.error {
@@ -425,6 +253,7 @@ async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
             }
             return Ok(Choice {
                 text,
+                token_ids,
                 logprobs,
                 finish: f,
             });
@@ -436,7 +265,7 @@ async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Completion,
     Chat,
 }
@@ -444,9 +273,9 @@ enum Kind {
 /// Renders logprobs in each endpoint's format: the legacy completions one (`tokens`,
 /// `token_logprobs`, `top_logprobs` maps, `text_offset`) or chat's `content` list.
 /// `offset` carries the text offset across the chunks of a stream.
-struct LogprobsFormat<'a> {
-    tokenizer: &'a Tokenizer,
-    kind: Kind,
+pub(crate) struct LogprobsFormat<'a> {
+    pub(crate) tokenizer: &'a Tokenizer,
+    pub(crate) kind: Kind,
 }
 
 impl LogprobsFormat<'_> {
@@ -459,7 +288,7 @@ impl LogprobsFormat<'_> {
         (String::from_utf8_lossy(&b).into_owned(), b)
     }
 
-    fn json(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
+    pub(crate) fn json(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
         match self.kind {
             Kind::Chat => {
                 let content: Vec<Value> = lps
@@ -542,14 +371,26 @@ async fn generate(
     // Tokenization can take a while for long prompts: keep it off the async workers.
     let (st2, req2) = (st.clone(), req.clone());
     let prompts = tokio::task::spawn_blocking(move || {
+        let model = st2.engine()?.model();
         if chat {
-            chat_prompt(&st2, &req2.messages).map(|p| vec![p])
+            chat_prompt(
+                &model.tokenizer,
+                model.chat_template.as_ref(),
+                &req2.messages,
+            )
+            .map(|p| vec![p])
         } else {
-            completion_prompts(&st2, &req2.prompt)
+            completion_prompts(&model.tokenizer, &req2.prompt)
         }
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
+    if req.pagellm_resume.is_some() && (n != 1 || prompts.len() != 1) {
+        return Err(ApiError::bad_request(
+            "pagellm_resume continues one choice: it needs one prompt and n = 1",
+            Some("pagellm_resume"),
+        ));
+    }
     // Check everything first: a request that cannot run fails before any starts.
     let mut group = Vec::with_capacity(prompts.len() * n);
     for prompt in &prompts {
@@ -557,6 +398,7 @@ async fn generate(
             group.push((prompt.clone(), params(&req, chat, c)?));
         }
     }
+    let token_ids = req.return_token_ids.unwrap_or(false);
     let streams = engine.submit_group(group)?;
     let id = format!(
         "{}-{}",
@@ -569,11 +411,14 @@ async fn generate(
         return Ok(stream_response(
             st.clone(),
             streams,
-            n,
-            id,
-            model,
-            kind,
-            include_usage,
+            stream::Shape {
+                n_per_prompt: n,
+                id,
+                model,
+                kind,
+                include_usage,
+                prompt_ids: token_ids.then_some(prompts),
+            },
         ));
     }
     let mut choices = Vec::new();
@@ -605,10 +450,17 @@ async fn generate(
                 Kind::Completion => v["text"] = json!(c.text),
                 Kind::Chat => v["message"] = json!({"role": "assistant", "content": c.text}),
             }
+            if token_ids {
+                // With pagellm_resume, only the tokens generated here.
+                v["token_ids"] = json!(c.token_ids);
+                if kind == Kind::Completion {
+                    v["prompt_token_ids"] = json!(prompts[i / n]);
+                }
+            }
             v
         })
         .collect();
-    Ok(Json(json!({
+    let mut body = json!({
         "id": id,
         "object": if chat { "chat.completion" } else { "text_completion" },
         "created": now_s(),
@@ -616,109 +468,11 @@ async fn generate(
         "choices": choices_json,
         "usage": usage,
         "pagellm_timings": timings,
-    }))
-    .into_response())
-}
-
-/// Streams every choice as server-sent events, ending with `data: [DONE]`.
-fn stream_response(
-    st: Arc<AppState>,
-    streams: Vec<RequestStream>,
-    n_per_prompt: usize,
-    id: String,
-    model: String,
-    kind: Kind,
-    include_usage: bool,
-) -> Response {
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
-    let created = now_s();
-    let object = if kind == Kind::Chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    // One forwarding task per choice; a last task sends usage and [DONE] once all ended.
-    let (done_tx, mut done_rx) = mpsc::channel::<(usize, FinishInfo)>(streams.len());
-    let n = streams.len();
-    for (index, mut s) in streams.into_iter().enumerate() {
-        let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
-        let st = st.clone();
-        tokio::spawn(async move {
-            let Some(engine) = st.loaded_engine() else {
-                return;
-            };
-            let fmt = LogprobsFormat {
-                tokenizer: &engine.model().tokenizer,
-                kind,
-            };
-            let mut offset = 0;
-            let chunk = |delta: Value, logprobs: Value, finish: Option<&FinishInfo>| {
-                let mut choice = json!({
-                    "index": index, "logprobs": logprobs,
-                    "finish_reason": finish.map(finish_str),
-                    "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
-                });
-                choice[if kind == Kind::Chat { "delta" } else { "text" }] = delta;
-                let mut v = json!({"id": id, "object": object, "created": created,
-                                   "model": model, "choices": [choice]});
-                if let Some(f) = finish {
-                    v["pagellm_timings"] = timings_json(f);
-                }
-                Ok(Event::default().data(v.to_string()))
-            };
-            if kind == Kind::Chat
-                && tx
-                    .send(chunk(
-                        json!({"role": "assistant", "content": ""}),
-                        Value::Null,
-                        None,
-                    ))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-            while let Some(o) = s.next().await {
-                let delta = match kind {
-                    Kind::Completion => json!(o.text),
-                    Kind::Chat if o.finish.is_some() && o.text.is_empty() => json!({}),
-                    Kind::Chat => json!({"content": o.text}),
-                };
-                let last = o.finish.is_some();
-                let lp = if o.logprobs.is_empty() {
-                    Value::Null
-                } else {
-                    fmt.json(&o.logprobs, &mut offset)
-                };
-                if (last || !o.text.is_empty() || !lp.is_null())
-                    && tx.send(chunk(delta, lp, o.finish.as_ref())).await.is_err()
-                {
-                    // The client went away: dropping `s` aborts the request.
-                    return;
-                }
-                if let Some(f) = o.finish {
-                    let _ = done_tx.send((index, f)).await;
-                    return;
-                }
-            }
-        });
-    }
-    drop(done_tx);
-    tokio::spawn(async move {
-        let mut finishes = Vec::new();
-        while let Some(f) = done_rx.recv().await {
-            finishes.push(f);
-        }
-        if finishes.len() == n && include_usage {
-            finishes.sort_by_key(|f| f.0);
-            let refs: Vec<&FinishInfo> = finishes.iter().map(|f| &f.1).collect();
-            let v = json!({"id": id, "object": object, "created": created, "model": model,
-                "choices": [], "usage": usage_json(&refs, n_per_prompt)});
-            let _ = tx.send(Ok(Event::default().data(v.to_string()))).await;
-        }
-        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
     });
-    Sse::new(ReceiverStream::new(rx)).into_response()
+    if token_ids && kind == Kind::Chat {
+        body["prompt_token_ids"] = json!(prompts[0]);
+    }
+    Ok(Json(body).into_response())
 }
 
 pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {

@@ -1,0 +1,156 @@
+//! Streamed responses: every choice as server-sent events, ending with `data: [DONE]`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use pagellm_engine::{FinishInfo, RequestStream};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{finish_str, now_s, stop_reason_json, timings_json, usage_json, Kind, LogprobsFormat};
+use crate::AppState;
+
+/// What the stream looks like besides its choices.
+pub(crate) struct Shape {
+    pub n_per_prompt: usize,
+    pub id: String,
+    pub model: String,
+    pub kind: Kind,
+    pub include_usage: bool,
+    /// Each prompt's token ids, when the request asked for `return_token_ids`.
+    pub prompt_ids: Option<Vec<Vec<u32>>>,
+}
+
+/// Streams every choice as server-sent events, ending with `data: [DONE]`.
+pub(crate) fn stream_response(
+    st: Arc<AppState>,
+    streams: Vec<RequestStream>,
+    shape: Shape,
+) -> Response {
+    let Shape {
+        n_per_prompt,
+        id,
+        model,
+        kind,
+        include_usage,
+        prompt_ids,
+    } = shape;
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let created = now_s();
+    let object = if kind == Kind::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    // One forwarding task per choice; a last task sends usage and [DONE] once all ended.
+    let (done_tx, mut done_rx) = mpsc::channel::<(usize, FinishInfo)>(streams.len());
+    let n = streams.len();
+    for (index, mut s) in streams.into_iter().enumerate() {
+        let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
+        // With return_token_ids: this choice's prompt, sent once in its first chunk.
+        let mut prompt = prompt_ids
+            .as_ref()
+            .map(|p| p[index / n_per_prompt.max(1)].clone());
+        let token_ids = prompt.is_some();
+        let st = st.clone();
+        tokio::spawn(async move {
+            let Some(engine) = st.loaded_engine() else {
+                return;
+            };
+            let fmt = LogprobsFormat {
+                tokenizer: &engine.model().tokenizer,
+                kind,
+            };
+            let mut offset = 0;
+            let mut chunk = |delta: Value,
+                             logprobs: Value,
+                             finish: Option<&FinishInfo>,
+                             ids: Option<&[u32]>| {
+                let mut choice = json!({
+                    "index": index, "logprobs": logprobs,
+                    "finish_reason": finish.map(finish_str),
+                    "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
+                });
+                choice[if kind == Kind::Chat { "delta" } else { "text" }] = delta;
+                if let Some(ids) = ids {
+                    choice["token_ids"] = json!(ids);
+                }
+                let first_prompt = prompt.take();
+                if let (Some(p), Kind::Completion) = (&first_prompt, kind) {
+                    choice["prompt_token_ids"] = json!(p);
+                }
+                let mut v = json!({"id": id, "object": object, "created": created,
+                                   "model": model, "choices": [choice]});
+                if let (Some(p), Kind::Chat) = (first_prompt, kind) {
+                    v["prompt_token_ids"] = json!(p);
+                }
+                if let Some(f) = finish {
+                    v["pagellm_timings"] = timings_json(f);
+                }
+                Ok(Event::default().data(v.to_string()))
+            };
+            if kind == Kind::Chat
+                && tx
+                    .send(chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        Value::Null,
+                        None,
+                        None,
+                    ))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            while let Some(o) = s.next().await {
+                let delta = match kind {
+                    Kind::Completion => json!(o.text),
+                    Kind::Chat if o.finish.is_some() && o.text.is_empty() => json!({}),
+                    Kind::Chat => json!({"content": o.text}),
+                };
+                let last = o.finish.is_some();
+                let lp = if o.logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    fmt.json(&o.logprobs, &mut offset)
+                };
+                // With token ids, every update is sent, even one whose text is held
+                // back: a router continuing the stream must know every token.
+                let ids = token_ids.then_some(o.token_ids.as_slice());
+                let new_ids = ids.is_some_and(|i| !i.is_empty());
+                if (last || new_ids || !o.text.is_empty() || !lp.is_null())
+                    && tx
+                        .send(chunk(delta, lp, o.finish.as_ref(), ids))
+                        .await
+                        .is_err()
+                {
+                    // The client went away: dropping `s` aborts the request.
+                    return;
+                }
+                if let Some(f) = o.finish {
+                    let _ = done_tx.send((index, f)).await;
+                    return;
+                }
+            }
+        });
+    }
+    drop(done_tx);
+    tokio::spawn(async move {
+        let mut finishes = Vec::new();
+        while let Some(f) = done_rx.recv().await {
+            finishes.push(f);
+        }
+        if finishes.len() == n && include_usage {
+            finishes.sort_by_key(|f| f.0);
+            let refs: Vec<&FinishInfo> = finishes.iter().map(|f| &f.1).collect();
+            let v = json!({"id": id, "object": object, "created": created, "model": model,
+                "choices": [], "usage": usage_json(&refs, n_per_prompt)});
+            let _ = tx.send(Ok(Event::default().data(v.to_string()))).await;
+        }
+        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(rx)).into_response()
+}

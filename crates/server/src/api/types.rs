@@ -1,0 +1,129 @@
+//! The OpenAI wire types the generation endpoints accept.
+
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// A prompt as `/v1/completions` accepts it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `logprobs`: a count on `/v1/completions`, a flag on `/v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum LogprobsInput {
+    Flag(bool),
+    Count(i64),
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub(crate) struct StreamOptions {
+    #[serde(default)]
+    pub(crate) include_usage: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ChatMsg {
+    pub(crate) role: String,
+    pub(crate) content: Option<Content>,
+}
+
+/// Message content: a string, or a list of parts of which text parts are supported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ContentPart {
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    #[serde(default)]
+    pub(crate) text: Option<String>,
+}
+
+impl Content {
+    pub(crate) fn text(&self, i: usize) -> Result<String, ApiError> {
+        match self {
+            Content::Text(t) => Ok(t.clone()),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        _ => {
+                            return Err(ApiError::bad_request(
+                                format!(
+                                    "messages[{i}].content[{j}]: only text parts are \
+                                     supported, got type `{}`",
+                                    p.kind
+                                ),
+                                Some("messages"),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// The body of both generation endpoints; each uses `prompt` or `messages`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct GenRequest {
+    pub(crate) model: Option<String>,
+    pub(crate) prompt: Option<PromptInput>,
+    pub(crate) messages: Option<Vec<ChatMsg>>,
+    pub(crate) max_tokens: Option<i64>,
+    pub(crate) max_completion_tokens: Option<i64>,
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    pub(crate) top_k: Option<i64>,
+    pub(crate) min_p: Option<f32>,
+    pub(crate) presence_penalty: Option<f32>,
+    pub(crate) frequency_penalty: Option<f32>,
+    pub(crate) repetition_penalty: Option<f32>,
+    pub(crate) stop: Option<StopInput>,
+    pub(crate) stop_token_ids: Option<Vec<u32>>,
+    pub(crate) seed: Option<i64>,
+    pub(crate) echo: Option<bool>,
+    pub(crate) n: Option<i64>,
+    pub(crate) ignore_eos: Option<bool>,
+    pub(crate) min_tokens: Option<i64>,
+    pub(crate) priority: Option<i32>,
+    pub(crate) user: Option<String>,
+    pub(crate) cache_salt: Option<String>,
+    pub(crate) stream: Option<bool>,
+    pub(crate) stream_options: Option<StreamOptions>,
+    pub(crate) logprobs: Option<LogprobsInput>,
+    pub(crate) top_logprobs: Option<i64>,
+    /// vLLM's: report token ids (prompt and output) alongside the text.
+    pub(crate) return_token_ids: Option<bool>,
+    /// Continue a request another replica started (see `pagellm_engine::Resume`).
+    pub(crate) pagellm_resume: Option<ResumeInput>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResumeInput {
+    pub(crate) output_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub(crate) text_offset: usize,
+}
