@@ -17,3 +17,6 @@ done
 cargo test --workspace --release
 # The OpenAI API as the official Python SDK sees it (pip install openai).
 python3 scripts/openai_conformance.py --pagellm target/release/pagellm --model smollm2-135m
+# The gateway in front of real replicas: many models through one URL with the SDK, and a
+# replica killed under load (small version of the benchmark in BENCHMARKS.md).
+python3 scripts/gateway_e2e.py --pagellm target/release/pagellm
