@@ -147,5 +147,8 @@ fn the_annotated_example_is_valid() {
     assert_eq!(c.groups, ["smollm2-135m", "qwen2.5-coder-0.5b"]);
     assert_eq!(c.policy, Policy::PrefixAware);
     assert_eq!(c.deployments[0].max_concurrency, Some(32));
-    assert_eq!(c.context_window_fallbacks["smollm2-135m"], ["qwen2.5-coder-0.5b"]);
+    assert_eq!(
+        c.context_window_fallbacks["smollm2-135m"],
+        ["qwen2.5-coder-0.5b"]
+    );
 }
