@@ -129,16 +129,12 @@ fn prompt_text(body: &Value, chat: bool) -> String {
     } else {
         match body.get("prompt") {
             Some(Value::String(p)) => s.push_str(p),
+            // A list of strings: the first prompt. Token ids: their text form.
             Some(Value::Array(v)) => match v.first() {
                 Some(Value::String(p)) => s.push_str(p),
-                Some(Value::Number(_)) | Some(Value::Array(_)) => {
-                    s = serde_json::to_string(v.first().unwrap_or(&Value::Null))
-                        .unwrap_or_default();
-                    if matches!(v.first(), Some(Value::Number(_))) {
-                        s = serde_json::to_string(v).unwrap_or_default();
-                    }
-                }
-                _ => {}
+                Some(Value::Number(_)) => s = Value::Array(v.clone()).to_string(),
+                Some(first) => s = first.to_string(),
+                None => {}
             },
             _ => {}
         }

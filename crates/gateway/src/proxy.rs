@@ -340,16 +340,12 @@ async fn admit(
             if let Some(t) = limit_tokens {
                 e = e.header(h("x-ratelimit-limit-tokens"), t.to_string());
             }
-            let (rr, rt) = match limit {
-                "requests" => ("0", limit_tokens.map(|_| "?")),
-                _ => ("?", Some("0")),
+            let exhausted = if limit == "requests" {
+                "x-ratelimit-remaining-requests"
+            } else {
+                "x-ratelimit-remaining-tokens"
             };
-            if limit_requests.is_some() && rr == "0" {
-                e = e.header(h("x-ratelimit-remaining-requests"), "0".into());
-            }
-            if rt == Some("0") {
-                e = e.header(h("x-ratelimit-remaining-tokens"), "0".into());
-            }
+            e = e.header(h(exhausted), "0".into());
             Err(e)
         }
     }

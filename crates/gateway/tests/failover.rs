@@ -207,8 +207,11 @@ async fn prefix_aware_routing_matches_the_replicas_own_blocks() {
             "replica {url}: {hits} cached tokens hit"
         );
         let cached = rep.prefix.lock().unwrap().exact.clone();
-        let (events_url, _) = (format!("{}/v1/kv_events", r.url), ());
-        let resp = client().get(events_url).send().await.unwrap();
+        let resp = client()
+            .get(format!("{}/v1/kv_events", r.url))
+            .send()
+            .await
+            .unwrap();
         let mut s = resp.bytes_stream();
         let first = String::from_utf8(s.next().await.unwrap().unwrap().to_vec()).unwrap();
         let snap: Value =

@@ -14,11 +14,12 @@ pub struct RedisStore {
 
 const PREFIX: &str = "pagellm:gw";
 
-/// KEYS: key hash, request window, token window. ARGV: now ms, window ms, member.
-/// Returns {exists, spec, spent, requests in window, oldest request ms, tokens in
-/// window, oldest token ms}; the caller decides, then a second call records (see
-/// `admit`). Deciding in Lua keeps the rule in one place: the script both counts and,
-/// when the caller's rule (passed as rpm/tpm/budget) admits, inserts the request.
+/// KEYS: key record, request window, token window. ARGV: now ms, window ms, member,
+/// rpm, tpm, budget (-1 = none). Prunes both windows, counts them, and records the
+/// request when all three limits admit it, atomically. Returns {exists, spec, spent,
+/// requests in window, oldest request ms, tokens in window, oldest token ms} from
+/// before this request; `decide` applies the same three comparisons to them, so the
+/// caller's verdict is the script's.
 const ADMIT: &str = r#"
 local now = tonumber(ARGV[1])
 local from = now - tonumber(ARGV[2])
