@@ -169,6 +169,9 @@ def main():
                 for rate in rates:
                     for mode in ["plain", "stream"]:
                         res = os.path.join(tmp, f"{name}-{rate}-{mode}.jsonl")
+                        if name != "pagellm":
+                            # Let a peer finish the backlog of the previous load first.
+                            time.sleep(10)
                         overhead(a, direct, "direct", [rate], mode, res)
                         overhead(a, base, name, [rate], mode, res, key=key)
                         with open(res) as f:

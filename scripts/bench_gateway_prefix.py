@@ -77,7 +77,8 @@ def run(a, label, tmp):
             with open(cfg, "w") as f:
                 json.dump({"model_list": [{"model_name": MODEL, "litellm_params": {
                     "model": f"openai/{MODEL}", "api_base": u + "/v1"}} for u in urls],
-                    "pagellm_settings": {"routing_policy": policy, "tokenizers": {MODEL: MODEL}}}, f)
+                    "pagellm_settings": {"routing_policy": policy, "tokenizers": {MODEL: MODEL},
+                                         **json.loads(a.settings)}}, f)
             cmd = [a.pagellm, "gateway", "--config", cfg, "--port", str(gport)]
             health = f"http://127.0.0.1:{gport}/health"
         gw = subprocess.Popen(cmd, stdout=open(os.path.join(tmp, label.replace(" ", "_") + ".log"), "w"),
@@ -94,12 +95,20 @@ def run(a, label, tmp):
         hits = sum(metric(u, "vllm:prefix_cache_hits_total") for u in urls)
         queries = sum(metric(u, "vllm:prefix_cache_queries_total") for u in urls)
         served = [metric(u, "vllm:request_success_total") for u in urls]
+        reasons = {}
+        if label.startswith("pagellm"):
+            text = urllib.request.urlopen(f"http://127.0.0.1:{gport}/metrics").read().decode()
+            for l in text.splitlines():
+                if l.startswith("pagellm_gateway_routing_decisions_total{"):
+                    reason = l.split('reason="')[1].split('"')[0]
+                    reasons[reason] = reasons.get(reason, 0) + int(float(l.rsplit(" ", 1)[1]))
         gw.terminate()
         gw.wait()
         return {"gateway": label, "completed": r["completed"], "failed": r["failed"],
                 "median_ttft_ms": r["median_ttft_ms"], "p99_ttft_ms": r["p99_ttft_ms"],
                 "output_throughput": r["output_throughput"], "hit_rate": hits / queries if queries else 0,
-                "requests_per_replica": served, "max_over_mean": max(served) / (sum(served) / len(served))}
+                "requests_per_replica": served, "max_over_mean": max(served) / (sum(served) / len(served)),
+                "routing_reasons": reasons}
     finally:
         for p in reps:
             p.terminate()
@@ -113,27 +122,46 @@ def main():
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--runs", default="pagellm prefix-aware,pagellm round-robin,smg cache_aware")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="gateway-prefix")
+    ap.add_argument("--settings", default="{}", help="extra pagellm_settings for pagellm's gateway, as JSON")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pagellm-gw-prefix-")
     rows = []
-    for label in a.runs.split(","):
-        try:
-            rows.append(run(a, label, tmp))
-        except Exception as e:  # noqa: BLE001 - report and go on with the other gateways
-            rows.append({"gateway": label, "error": repr(e)})
-        print(json.dumps(rows[-1]), flush=True)
+    # The gateways take turns in each repetition, so that drift of a shared machine
+    # spreads over all of them.
+    for rep in range(a.repeat):
+        for label in a.runs.split(","):
+            try:
+                rows.append({"run": rep + 1, **run(a, label, tmp)})
+            except Exception as e:  # noqa: BLE001 - report and go on with the other gateways
+                rows.append({"run": rep + 1, "gateway": label, "error": repr(e)})
+            print(json.dumps(rows[-1]), flush=True)
     with open(a.out + ".json", "w") as f:
         json.dump(rows, f, indent=1)
-    lines = ["| gateway | completed | p50 TTFT (ms) | p99 TTFT (ms) | output tok/s | prefix hit rate | requests per replica | max / mean |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | gateway | completed | p50 TTFT (ms) | p99 TTFT (ms) | output tok/s | prefix hit rate | requests per replica | max / mean |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['gateway']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['run']} | {r['gateway']} | error: {r['error']} | | | | | | |")
             continue
-        lines.append(f"| {r['gateway']} | {r['completed']} ({r['failed']} failed) | {r['median_ttft_ms']:.0f} | "
+        lines.append(f"| {r['run']} | {r['gateway']} | {r['completed']} ({r['failed']} failed) | {r['median_ttft_ms']:.0f} | "
                      f"{r['p99_ttft_ms']:.0f} | {r['output_throughput']:.1f} | {100 * r['hit_rate']:.1f}% | "
                      f"{'/'.join(str(int(x)) for x in r['requests_per_replica'])} | {r['max_over_mean']:.2f} |")
+    # Medians over the repetitions, and p50 TTFT against round robin's.
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    ok = [r for r in rows if "error" not in r]
+    by = {g: [r for r in ok if r["gateway"] == g] for g in a.runs.split(",")}
+    rr = [r["median_ttft_ms"] for r in by.get("pagellm round-robin", [])]
+    lines += ["", f"Medians over {a.repeat} runs:", "",
+              "| gateway | p50 TTFT (ms) | vs round robin | prefix hit rate | max / mean |", "|---|---|---|---|---|"]
+    for g, rs in by.items():
+        if not rs:
+            continue
+        p50 = med([r["median_ttft_ms"] for r in rs])
+        ratio = f"{p50 / med(rr):.2f}x" if rr else "-"
+        lines.append(f"| {g} | {p50:.0f} | {ratio} | {100 * med([r['hit_rate'] for r in rs]):.1f}% | "
+                     f"{med([r['max_over_mean'] for r in rs]):.2f} |")
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -97,6 +97,8 @@ pub struct HealthSettings {
 #[derive(Debug, Clone)]
 pub struct LoadGuard {
     /// Route by load instead of prefix when `max - min > abs` and `max > rel * min`.
+    /// SGLang's cache-aware defaults (64 and 1.5): a prefix miss costs a whole prefill,
+    /// which outweighs a few requests of queue (measured in BENCHMARKS.md).
     pub abs: f64,
     pub rel: f64,
 }
@@ -607,7 +609,7 @@ impl Config {
         };
         let g = pg.as_ref().and_then(|p| p.load_guard.as_ref());
         let load_guard = LoadGuard {
-            abs: g.and_then(|g| g.abs_threshold).unwrap_or(4.0),
+            abs: g.and_then(|g| g.abs_threshold).unwrap_or(64.0),
             rel: g.and_then(|g| g.rel_threshold).unwrap_or(1.5),
         };
         if !(load_guard.rel >= 1.0 && load_guard.abs >= 0.0) {

@@ -40,7 +40,7 @@ const HELP: &[(&str, &str, &str)] = &[
     ("pagellm_gateway_failovers_total", "counter", "Streams continued on another replica after theirs failed mid-answer."),
     ("pagellm_gateway_ejections_total", "counter", "Replicas taken out of rotation after failures."),
     ("pagellm_gateway_routing_decisions_total", "counter", "Routing decisions by policy and reason."),
-    ("pagellm_gateway_rate_limited_total", "counter", "Requests refused by a key's limits, by limit."),
+    ("pagellm_gateway_rate_limited_total", "counter", "Requests refused by a key's limits or because every deployment is at its rpm/tpm (limit=\"deployment\"), by limit."),
     ("pagellm_gateway_upstream_latency_seconds", "histogram", "Time from sending a request upstream to its last byte."),
     ("pagellm_gateway_time_to_first_token_seconds", "histogram", "Time from the request's arrival to the first streamed chunk."),
 ];

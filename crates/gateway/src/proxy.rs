@@ -135,7 +135,7 @@ impl Ctx {
     /// Picks a replica of `group` not in `tried`.
     pub fn pick(&self, group: &str, tried: &[String]) -> Option<Decision> {
         let now = Instant::now();
-        let cands: Vec<Arc<Replica>> = self
+        let mut cands: Vec<Arc<Replica>> = self
             .rt
             .groups
             .get(group)?
@@ -143,7 +143,14 @@ impl Ctx {
             .filter(|r| !tried.contains(&r.dep.id) && r.available(now))
             .cloned()
             .collect();
-        let d = self.rt.router.pick(&cands, &self.pkey)?;
+        let d = loop {
+            let d = self.rt.router.pick(&cands, &self.pkey)?;
+            if d.replica.reserve(now) {
+                break d;
+            }
+            // Reached its rpm/tpm since the filter above.
+            cands.retain(|r| !Arc::ptr_eq(r, &d.replica));
+        };
         self.gw.metrics.inc(
             "pagellm_gateway_routing_decisions_total",
             &[
@@ -168,6 +175,41 @@ impl Ctx {
             .max(1)
     }
 
+    /// When every replica of the chain that is up is held back by its deployment's
+    /// `rpm`/`tpm`: a 429 saying when one frees up (LiteLLM answers this case with a
+    /// 429 too).
+    fn deployments_limited(&self, groups: &[String]) -> Option<GatewayError> {
+        let now = Instant::now();
+        let up: Vec<&Arc<Replica>> = groups
+            .iter()
+            .filter_map(|g| self.rt.groups.get(g))
+            .flatten()
+            .filter(|r| r.is_up())
+            .collect();
+        let waits: Vec<Duration> = up.iter().filter_map(|r| r.limit_wait(now)).collect();
+        if up.is_empty() || waits.len() < up.len() {
+            return None;
+        }
+        let secs = waits.iter().min()?.as_secs_f64().ceil().max(1.0) as u64;
+        self.gw.metrics.inc(
+            "pagellm_gateway_rate_limited_total",
+            &[("limit", "deployment")],
+        );
+        self.done("none", StatusCode::TOO_MANY_REQUESTS);
+        Some(
+            GatewayError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "every deployment of `{}` is at its rpm/tpm limit; retry after {secs} s",
+                    groups.join("`, `")
+                ),
+            )
+            .code("rate_limit_exceeded")
+            .header(header::RETRY_AFTER, secs.to_string()),
+        )
+    }
+
     pub fn done(&self, replica: &str, status: StatusCode) {
         self.gw.metrics.inc(
             "pagellm_gateway_requests_total",
@@ -179,8 +221,11 @@ impl Ctx {
         );
     }
 
-    /// Charges real token counts to a virtual key.
-    pub async fn charge(&self, usage: Option<(u64, u64)>) {
+    /// Charges real token counts to the deployment's `tpm` and to a virtual key.
+    pub async fn charge(&self, r: &Replica, usage: Option<(u64, u64)>) {
+        if let Some((p, c)) = usage {
+            r.record_tokens(p + c);
+        }
         let (Principal::Virtual(key), Some(store), Some((p, c))) =
             (&self.principal, &self.gw.store, usage)
         else {
@@ -454,6 +499,11 @@ where
         ctx.done("none", resp.status());
         return Err(pass(resp));
     }
+    if tried.is_empty() {
+        if let Some(e) = ctx.deployments_limited(&groups) {
+            return Err(e);
+        }
+    }
     ctx.done("none", StatusCode::SERVICE_UNAVAILABLE);
     Err(GatewayError::unavailable(
         format!(
@@ -543,11 +593,11 @@ async fn unary(ctx: Ctx) -> Result<Response, GatewayError> {
     .await?;
     ctx.gw.metrics.observe(
         "pagellm_gateway_upstream_latency_seconds",
-        &[("model", &ctx.group)],
+        &[("model", &ctx.group), ("replica", &r.dep.id)],
         t0.elapsed().as_secs_f64(),
     );
     ctx.done(&r.dep.id, StatusCode::OK);
-    ctx.charge(usage).await;
+    ctx.charge(&r, usage).await;
     let mut resp = Response::new(Body::from(bytes));
     let h = resp.headers_mut();
     h.insert(

@@ -111,9 +111,54 @@ impl PrefixState {
     }
 }
 
+/// The span of a deployment's `rpm` and `tpm` limits.
+const LIMIT_WINDOW: Duration = Duration::from_secs(60);
+
+/// What a deployment with `rpm`/`tpm` (LiteLLM's per-deployment limits) was sent and
+/// used over the last minute. Only kept for the limits that are set, so its size is
+/// bounded by `rpm` and by the requests of one minute.
+#[derive(Debug, Default)]
+pub struct Window {
+    requests: VecDeque<Instant>,
+    tokens: VecDeque<(Instant, u64)>,
+    token_sum: u64,
+}
+
+impl Window {
+    fn expire(&mut self, now: Instant) {
+        let old = |t: Instant| now.saturating_duration_since(t) >= LIMIT_WINDOW;
+        while self.requests.front().is_some_and(|t| old(*t)) {
+            self.requests.pop_front();
+        }
+        while let Some(&(t, n)) = self.tokens.front() {
+            if !old(t) {
+                break;
+            }
+            self.tokens.pop_front();
+            self.token_sum -= n;
+        }
+    }
+
+    /// How long until `dep`'s limits let another request through; `None` when they do now.
+    fn wait(&mut self, dep: &Deployment, now: Instant) -> Option<Duration> {
+        self.expire(now);
+        let until = |t: Instant| LIMIT_WINDOW.saturating_sub(now.saturating_duration_since(t));
+        let by_requests = dep
+            .rpm
+            .filter(|&rpm| self.requests.len() as u64 >= rpm)
+            .map(|_| self.requests.front().map_or(LIMIT_WINDOW, |t| until(*t)));
+        let by_tokens = dep
+            .tpm
+            .filter(|&tpm| self.token_sum >= tpm)
+            .map(|_| self.tokens.front().map_or(LIMIT_WINDOW, |(t, _)| until(*t)));
+        by_requests.max(by_tokens)
+    }
+}
+
 pub struct Replica {
     pub dep: Deployment,
     pub in_flight: AtomicUsize,
+    pub window: Mutex<Window>,
     pub health: Mutex<Health>,
     pub load: Mutex<Load>,
     pub prefix: Mutex<PrefixState>,
@@ -137,6 +182,7 @@ impl Replica {
         Self {
             dep,
             in_flight: AtomicUsize::new(0),
+            window: Mutex::new(Window::default()),
             health: Mutex::new(Health {
                 up: true,
                 check_fails: 0,
@@ -158,6 +204,41 @@ impl Replica {
                 .dep
                 .max_concurrency
                 .is_none_or(|m| self.in_flight.load(Ordering::Relaxed) < m)
+            && self.limit_wait(now).is_none()
+    }
+
+    /// How long until the deployment's `rpm`/`tpm` let a request through, if they
+    /// hold one back now.
+    pub fn limit_wait(&self, now: Instant) -> Option<Duration> {
+        if self.dep.rpm.is_none() && self.dep.tpm.is_none() {
+            return None;
+        }
+        self.window.lock().unwrap().wait(&self.dep, now)
+    }
+
+    /// Counts a request against `rpm`, unless the limits are reached (then false). A
+    /// check and a count under one lock, so concurrent requests cannot overshoot.
+    pub fn reserve(&self, now: Instant) -> bool {
+        if self.dep.rpm.is_none() && self.dep.tpm.is_none() {
+            return true;
+        }
+        let mut w = self.window.lock().unwrap();
+        if w.wait(&self.dep, now).is_some() {
+            return false;
+        }
+        if self.dep.rpm.is_some() {
+            w.requests.push_back(now);
+        }
+        true
+    }
+
+    /// Counts the tokens a request used (prompt and completion) against `tpm`.
+    pub fn record_tokens(&self, n: u64) {
+        if self.dep.tpm.is_some() {
+            let mut w = self.window.lock().unwrap();
+            w.tokens.push_back((Instant::now(), n));
+            w.token_sum += n;
+        }
     }
 
     pub fn is_up(&self) -> bool {

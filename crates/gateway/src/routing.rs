@@ -215,3 +215,141 @@ pub fn text_hashes(text: &str) -> Vec<u128> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Deployment;
+
+    fn replica(id: &str) -> Arc<Replica> {
+        Arc::new(Replica::new(Deployment {
+            id: id.into(),
+            group: "g".into(),
+            upstream_model: "m".into(),
+            api_base: format!("http://{id}/v1"),
+            api_key: None,
+            rpm: None,
+            tpm: None,
+            max_concurrency: None,
+        }))
+    }
+
+    fn exact(hashes: &[u128]) -> PrefixKey {
+        PrefixKey::Exact {
+            block_size: 16,
+            hashes: hashes.to_vec(),
+        }
+    }
+
+    fn router(abs: f64, rel: f64) -> Router {
+        Router::new(
+            Policy::PrefixAware,
+            LoadGuard { abs, rel },
+            Duration::from_secs(1),
+        )
+    }
+
+    /// Three replicas with KV events connected; b holds blocks 1-3, c block 1.
+    fn held() -> [Arc<Replica>; 3] {
+        let rs = [replica("a"), replica("b"), replica("c")];
+        for r in &rs {
+            r.prefix.lock().unwrap().snapshot([]);
+        }
+        rs[1].prefix.lock().unwrap().stored([1, 2, 3]);
+        rs[2].prefix.lock().unwrap().stored([1]);
+        rs
+    }
+
+    fn loads(rs: &[Arc<Replica>], l: [usize; 3]) {
+        for (r, l) in rs.iter().zip(l) {
+            r.in_flight.store(l, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn prefix_aware_follows_the_longest_held_prefix_until_the_load_guard() {
+        let key = exact(&[1, 2, 3, 4]);
+        let r = router(4.0, 1.5);
+        let rs = held();
+        let d = r.pick(&rs, &key).unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("b", Reason::PrefixHit)
+        );
+        assert_eq!(d.matched_blocks, 3);
+
+        // b busier than the idlest by 5 (> 4) and more than 1.5 times: the guard moves
+        // the request, and the replica it went to now counts as holding the prefix.
+        loads(&rs, [1, 6, 3]);
+        let d = r.pick(&rs, &key).unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("a", Reason::LoadGuard)
+        );
+        assert_eq!(
+            rs[0]
+                .prefix
+                .lock()
+                .unwrap()
+                .matched(&[1, 2, 3, 4], true, Instant::now()),
+            4
+        );
+
+        // Within SGLang's default thresholds the prefix wins at the same loads.
+        let rs = held();
+        loads(&rs, [1, 6, 3]);
+        let d = router(64.0, 1.5).pick(&rs, &key).unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("b", Reason::PrefixHit)
+        );
+        // Both conditions must hold: 6 - 5 = 1 is over 0.5, but 6 is not over 1.5 × 5.
+        let rs = held();
+        loads(&rs, [5, 6, 5]);
+        let d = router(0.5, 1.5).pick(&rs, &key).unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("b", Reason::PrefixHit)
+        );
+
+        // A prompt nobody holds goes to the idlest replica, which then counts it as held
+        // (routed, its blocks not yet reported) for the next request with that prefix.
+        let rs = held();
+        loads(&rs, [0, 6, 5]);
+        let fresh = exact(&[9, 10]);
+        let d = r.pick(&rs, &fresh).unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("a", Reason::NoPrefix)
+        );
+        loads(&rs, [3, 6, 5]);
+        let d = r.pick(&rs, &fresh).unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("a", Reason::PrefixHit)
+        );
+        // An eviction event takes a block away from the replica.
+        rs[1].prefix.lock().unwrap().removed([2]);
+        let m = rs[1]
+            .prefix
+            .lock()
+            .unwrap()
+            .matched(&[1, 2, 3, 4], true, Instant::now());
+        assert_eq!(m, 1);
+    }
+
+    #[test]
+    fn deployment_rpm_is_counted_under_one_lock() {
+        let mut dep = replica("a").dep.clone();
+        dep.rpm = Some(3);
+        let r = Replica::new(dep);
+        let now = Instant::now();
+        assert!((0..3).all(|_| r.reserve(now)));
+        assert!(!r.reserve(now));
+        assert!(!r.available(now));
+        let wait = r.limit_wait(now).unwrap();
+        assert_eq!(wait, Duration::from_secs(60));
+        // A minute later the window is empty again.
+        assert!(r.reserve(now + Duration::from_secs(60)));
+    }
+}

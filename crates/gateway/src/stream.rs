@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::GatewayError;
 use crate::proxy::{
-    classify, failure_of, idle_timeout, usage_of, with_retries, Attempt, Ctx, Principal,
+    chain, classify, failure_of, idle_timeout, usage_of, with_retries, Attempt, Ctx, Principal,
     REPLICA_HEADER,
 };
 use crate::replica::{Failure, InFlight, Replica};
@@ -75,7 +75,14 @@ pub async fn start(ctx: Ctx) -> Result<Response, GatewayError> {
     let n = ctx.body.get("n").and_then(Value::as_u64).unwrap_or(1);
     let client_ids = bool_at(&ctx.body, "/return_token_ids");
     let client_usage = bool_at(&ctx.body, "/stream_options/include_usage");
-    let want_usage = client_usage || matches!(ctx.principal, Principal::Virtual(_));
+    // Usage is counted against keys and against deployments' `tpm`.
+    let want_usage = client_usage
+        || matches!(ctx.principal, Principal::Virtual(_))
+        || chain(&ctx)
+            .iter()
+            .filter_map(|g| ctx.rt.groups.get(g))
+            .flatten()
+            .any(|r| r.dep.tpm.is_some());
     let timeout = idle_timeout(&ctx);
     let ((resp, inflight, resumable), r) = with_retries(&ctx, |r| {
         let ctx = &ctx;
@@ -138,7 +145,7 @@ impl Relay {
     ) {
         let t0 = Instant::now();
         let status = loop {
-            let end = self.pump(resp).await;
+            let end = self.pump(&r.dep.id, resp).await;
             drop(inflight);
             match end {
                 End::Done => {
@@ -201,11 +208,11 @@ impl Relay {
         };
         self.ctx.gw.metrics.observe(
             "pagellm_gateway_upstream_latency_seconds",
-            &[("model", &self.ctx.group)],
+            &[("model", &self.ctx.group), ("replica", &r.dep.id)],
             t0.elapsed().as_secs_f64(),
         );
         self.ctx.done(&r.dep.id, status);
-        self.ctx.charge(self.usage).await;
+        self.ctx.charge(&r, self.usage).await;
     }
 
     async fn send_raw(&self, data: &str) -> Result<(), ()> {
@@ -216,7 +223,7 @@ impl Relay {
     }
 
     /// Relays one upstream stream until it ends or breaks.
-    async fn pump(&mut self, resp: reqwest::Response) -> End {
+    async fn pump(&mut self, replica: &str, resp: reqwest::Response) -> End {
         let idle = idle_timeout(&self.ctx);
         let mut sse = SseSplitter::default();
         let mut body = resp.bytes_stream();
@@ -270,7 +277,7 @@ impl Relay {
                     self.first_chunk = Some(now);
                     self.ctx.gw.metrics.observe(
                         "pagellm_gateway_time_to_first_token_seconds",
-                        &[("model", &self.ctx.group)],
+                        &[("model", &self.ctx.group), ("replica", replica)],
                         now.duration_since(self.ctx.started).as_secs_f64(),
                     );
                 }

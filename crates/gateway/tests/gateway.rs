@@ -350,3 +350,62 @@ async fn reload_applies_a_new_config_and_keeps_requests_in_flight() {
     .await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_rpm_and_tpm_hold_requests_back() {
+    let dir = tiny_dir();
+    let (a, b) = (replica(&dir, None).await, replica(&dir, None).await);
+    let dep = |id: &str, url: &str, limit: &str| {
+        format!(
+            "  - model_name: {MODEL}\n    litellm_params: {{model: openai/{MODEL}, api_base: \"{url}/v1\", {limit}}}\n    model_info: {{id: {id}}}\n"
+        )
+    };
+    // rpm: a takes 2 a minute, b takes 3; then the group is held back.
+    let yaml = format!(
+        "model_list:\n{}{}router_settings: {{routing_strategy: simple-shuffle}}\n",
+        dep("a", &a.url, "rpm: 2"),
+        dep("b", &b.url, "rpm: 3"),
+    );
+    let (gw, _) = gateway(&yaml).await;
+    let mut by = std::collections::HashMap::new();
+    for _ in 0..5 {
+        let r = post(&gw, "/v1/completions", &completion("abc", 2), None).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        *by.entry(r.replica.unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!((by.get("a"), by.get("b")), (Some(&2), Some(&3)), "{by:?}");
+    let r = post(&gw, "/v1/completions", &completion("abc", 2), None).await;
+    assert_eq!(r.status, 429, "{}", r.text);
+    let wait: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rpm/tpm limit"),
+        "{}",
+        r.text
+    );
+    let m = get(&gw, "/metrics", None).await.text;
+    assert_eq!(
+        metric(
+            &m,
+            "pagellm_gateway_rate_limited_total",
+            &[("limit", "deployment")]
+        ),
+        1.0
+    );
+
+    // tpm counts the tokens the replica reports: "hello" is 5 prompt tokens, 4 come
+    // back; 9 < 10 lets a second request in, 18 holds the third back.
+    let yaml = format!("model_list:\n{}", dep("a", &a.url, "tpm: 10"));
+    let (gw, _) = gateway(&yaml).await;
+    let ask = json!({"model": MODEL, "prompt": "hello", "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+    for stream in [false, true] {
+        let mut body = ask.clone();
+        body["stream"] = json!(stream);
+        let r = post(&gw, "/v1/completions", &body, None).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    assert_eq!(post(&gw, "/v1/completions", &ask, None).await.status, 429);
+}
