@@ -109,34 +109,35 @@ def start_gateway(a, name, mock_port, tmp):
 
 
 def svg(rows, path):
-    """p99 added latency against rate, one line per gateway and mode."""
+    """p99 added latency against rate, one line per gateway and mode, log scale."""
+    import math
     W, H, L, B = 640, 360, 60, 40
     series = {}
     for r in rows:
         series.setdefault((r["gateway"], r["stream"]), []).append((r["rate"], r["added_p99_ms"]))
-    ys = [y for s in series.values() for _, y in s if y == y]
-    ymax = max(1.0, max(ys) * 1.1) if ys else 1.0
+    lo, hi = -1, 5  # 0.1 ms to 100 s
     rates = sorted({r["rate"] for r in rows})
     xs = lambda rate: L + (W - L - 20) * rates.index(rate) / max(1, len(rates) - 1)
-    ysc = lambda y: H - B - (H - B - 20) * min(y, ymax) / ymax
+    ysc = lambda y: H - B - (H - B - 20) * (min(max(math.log10(max(y, 1e-9)), lo), hi) - lo) / (hi - lo)
     colors = {"pagellm": "#1f77b4", "litellm": "#d62728", "smg": "#2ca02c"}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<line x1="{L}" y1="{H-B}" x2="{W-20}" y2="{H-B}" stroke="black"/>',
            f'<line x1="{L}" y1="20" x2="{L}" y2="{H-B}" stroke="black"/>',
            f'<text x="{W/2}" y="{H-8}" text-anchor="middle">requests/s</text>',
-           f'<text x="14" y="{H/2}" transform="rotate(-90 14 {H/2})" text-anchor="middle">p99 added latency (ms, log-free, clipped)</text>']
+           f'<text x="14" y="{H/2}" transform="rotate(-90 14 {H/2})" text-anchor="middle">p99 added latency (ms, log scale)</text>']
     for rate in rates:
         out.append(f'<text x="{xs(rate)}" y="{H-B+16}" text-anchor="middle">{rate:g}</text>')
-    for i in range(5):
-        y = ymax * i / 4
-        out.append(f'<text x="{L-6}" y="{ysc(y)+4}" text-anchor="end">{y:.1f}</text>')
+    for e in range(lo, hi + 1):
+        y = 10.0 ** e
+        out.append(f'<text x="{L-6}" y="{ysc(y)+4}" text-anchor="end">{y:g}</text>')
+        out.append(f'<line x1="{L}" y1="{ysc(y)}" x2="{W-20}" y2="{ysc(y)}" stroke="#ddd"/>')
     for k, ((gw, stream), pts) in enumerate(sorted(series.items())):
         pts = sorted(pts)
         d = " ".join(f"{xs(x):.1f},{ysc(y):.1f}" for x, y in pts if y == y)
         dash = ' stroke-dasharray="5,4"' if stream else ""
         out.append(f'<polyline fill="none" stroke="{colors.get(gw, "gray")}" stroke-width="2"{dash} points="{d}"/>')
-        out.append(f'<text x="{W-200}" y="{30+16*k}" fill="{colors.get(gw, "gray")}">{gw} {"stream" if stream else "plain"}</text>')
+        out.append(f'<text x="{W-200}" y="{30+16*k}" fill="{colors.get(gw, "gray")}">{gw} {"stream (dashed)" if stream else "plain"}</text>')
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out))
@@ -187,8 +188,8 @@ def main():
                     warm = max(1, a.soak // 10)
                     res = os.path.join(tmp, "soak.jsonl")
                     subprocess.run(["taskset", "-c", "0", a.pagellm, "bench", "overhead", "--base-url", base,
-                                    "--api-key", MASTER, "--model", "mock", "--rates", "1000", "--mode", "plain",
-                                    "--duration", str(warm / 1000)], check=True, stdout=subprocess.DEVNULL)
+                                    "--api-key", MASTER, "--model", "mock", "--rates", "1000", "--mode", "both",
+                                    "--duration", str(warm / 2000)], check=True, stdout=subprocess.DEVNULL)
                     rss_warm = rss_kb(gw.pid)
                     subprocess.run(["taskset", "-c", "0", a.pagellm, "bench", "overhead", "--base-url", base,
                                     "--api-key", MASTER, "--model", "mock", "--rates", "1000", "--mode", "both",

@@ -197,11 +197,13 @@ def main():
         def many_models():
             ids = sorted(m.id for m in client.models.list())
             assert ids == sorted([SMOLLM, QWEN]), ids
-            # Concurrent: prefix-aware routing keeps a shared prefix on one replica
-            # until the load guard spreads the excess.
+            # Prompts that differ from their first block on (their own system
+            # message) share no prefix, so prefix-aware routing spreads them by load.
             def hi(i):
                 raw = client.chat.completions.with_raw_response.create(
-                    model=SMOLLM, messages=[{"role": "user", "content": f"Say hi {i}"}], max_tokens=16)
+                    model=SMOLLM, max_tokens=16,
+                    messages=[{"role": "system", "content": f"{i}: you are assistant number {i}."},
+                              {"role": "user", "content": "Say hi"}])
                 assert raw.parse().choices[0].message.content
                 return raw.headers["x-pagellm-replica"]
             with ThreadPoolExecutor(12) as ex:
@@ -228,19 +230,31 @@ def main():
             base_res, base_err = run_load(client, ps, a.max_tokens, a.concurrency)
             undisturbed = time.time() - t0
             assert not base_err, f"undisturbed run failed: {base_err}"
-            victim = reps[0]
             killed = {}
+
+            def busiest():
+                """The replica with the most requests in flight, by the gateway's gauge."""
+                text = urllib.request.urlopen(base + "/metrics").read().decode()
+                load = {p.name: 0.0 for p in reps}
+                for l in text.splitlines():
+                    if l.startswith("pagellm_gateway_in_flight{"):
+                        name = l.split('replica="')[1].split('"')[0]
+                        if name in load:
+                            load[name] = float(l.rsplit(" ", 1)[1])
+                return max(reps, key=lambda p: load[p.name]), load
 
             def killer():
                 time.sleep(undisturbed * a.kill_after)
+                victim, load = busiest()
                 victim.kill9()
-                killed["t"] = time.time()
+                killed.update(t=time.time(), victim=victim, load=load)
 
             t0 = time.time()
             res, err = run_load(client, ps, a.max_tokens, a.concurrency,
                                 during=lambda: threading.Thread(target=killer, daemon=True).start())
             disturbed = time.time() - t0
             assert "t" in killed, "the replica was not killed during the run"
+            victim = killed["victim"]
             assert not err, f"{len(err)} requests failed: {list(err.items())[:3]}"
             diff = [i for i in base_res if base_res[i]["text"] != res[i]["text"]]
             assert not diff, (f"{len(diff)} texts differ, e.g. #{diff[0]}: "
@@ -251,9 +265,10 @@ def main():
                             if l.startswith("pagellm_gateway_failovers_total"))
             retries = sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines()
                           if l.startswith("pagellm_gateway_retries_total"))
+            assert failovers + retries > 0, f"the kill hit no request in flight: {killed['load']}"
             # Restart it on its port; once its /health answers, it must serve within 5 s.
             victim.start()
-            port = ports[0]
+            port = ports[reps.index(victim)]
             assert wait_healthy(f"http://127.0.0.1:{port}"), victim.tail()
             healthy_at = time.time()
             served = None
@@ -266,7 +281,8 @@ def main():
                 time.sleep(0.05)
             assert served is not None, "the restarted replica took no traffic within 5 s of being healthy"
             figures.update(requests=len(ps), undisturbed_s=round(undisturbed, 2), disturbed_s=round(disturbed, 2),
-                           failovers=failovers, retries=retries, readmitted_after_s=round(served, 2))
+                           failovers=failovers, retries=retries, readmitted_after_s=round(served, 2),
+                           killed=victim.name, in_flight_at_kill=killed["load"])
             print(f"   {json.dumps(figures)}", flush=True)
 
         check(f"{a.requests} requests at concurrency {a.concurrency}, one of {a.replicas} replicas killed: "

@@ -129,6 +129,10 @@ pub struct Config {
     pub health: HealthSettings,
     pub metrics_interval: Duration,
     pub load_guard: LoadGuard,
+    /// Prefix-aware routing follows a prefix only when the replica holds at least this
+    /// share of the prompt's blocks (SGLang's `cache_threshold`, default 0.5); below it
+    /// (a shared system prompt, say) the request goes by load.
+    pub cache_threshold: f64,
     /// Model group → tokenizer (registry name, GGUF or HF directory) for exact prefix
     /// hashes.
     pub tokenizers: HashMap<String, String>,
@@ -276,6 +280,7 @@ struct RawGeneral {
 #[allow(dead_code)]
 struct RawPagellm {
     routing_policy: Option<String>,
+    cache_threshold: Option<f64>,
     load_guard: Option<RawLoadGuard>,
     health_check: Option<RawHealth>,
     metrics_interval: Option<f64>,
@@ -612,6 +617,13 @@ impl Config {
             abs: g.and_then(|g| g.abs_threshold).unwrap_or(64.0),
             rel: g.and_then(|g| g.rel_threshold).unwrap_or(1.5),
         };
+        let cache_threshold = pg.as_ref().and_then(|p| p.cache_threshold).unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&cache_threshold) {
+            return Err(lines.err(
+                "pagellm_settings.cache_threshold",
+                "must be between 0 and 1",
+            ));
+        }
         if !(load_guard.rel >= 1.0 && load_guard.abs >= 0.0) {
             return Err(lines.err(
                 "pagellm_settings.load_guard",
@@ -668,6 +680,7 @@ impl Config {
             health,
             metrics_interval,
             load_guard,
+            cache_threshold,
             tokenizers,
             kv_events: pg.as_ref().and_then(|p| p.kv_events).unwrap_or(true),
             store,

@@ -71,6 +71,7 @@ impl Runtime {
         let router = routing::Router::new(
             config.policy,
             config.load_guard.clone(),
+            config.cache_threshold,
             config.metrics_interval * 4,
         );
         Runtime {

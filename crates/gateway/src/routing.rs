@@ -47,6 +47,8 @@ pub enum Reason {
     PowerOfTwo,
     PrefixHit,
     NoPrefix,
+    /// A prefix is held, but less of the prompt than `cache_threshold`.
+    LowMatch,
     LoadGuard,
 }
 
@@ -58,6 +60,7 @@ impl Reason {
             Reason::PowerOfTwo => "power_of_two",
             Reason::PrefixHit => "prefix_hit",
             Reason::NoPrefix => "no_prefix",
+            Reason::LowMatch => "low_match",
             Reason::LoadGuard => "load_guard",
         }
     }
@@ -73,16 +76,18 @@ pub struct Decision {
 pub struct Router {
     pub policy: Policy,
     pub guard: LoadGuard,
+    pub cache_threshold: f64,
     /// How long scraped metrics count as current.
     pub fresh: Duration,
     rr: AtomicUsize,
 }
 
 impl Router {
-    pub fn new(policy: Policy, guard: LoadGuard, fresh: Duration) -> Self {
+    pub fn new(policy: Policy, guard: LoadGuard, cache_threshold: f64, fresh: Duration) -> Self {
         Self {
             policy,
             guard,
+            cache_threshold,
             fresh,
             rr: AtomicUsize::new(0),
         }
@@ -156,6 +161,13 @@ impl Router {
             }
         }
         match best {
+            Some((m, _, _)) if (m as f64) < self.cache_threshold * hashes.len() as f64 => {
+                Decision {
+                    replica: idlest,
+                    reason: Reason::LowMatch,
+                    matched_blocks: 0,
+                }
+            }
             Some((m, l, r)) => {
                 let overloaded = l - min_load > self.guard.abs && l > self.guard.rel * min_load;
                 if overloaded {
@@ -245,6 +257,7 @@ mod tests {
         Router::new(
             Policy::PrefixAware,
             LoadGuard { abs, rel },
+            0.5,
             Duration::from_secs(1),
         )
     }
@@ -327,6 +340,20 @@ mod tests {
         assert_eq!(
             (d.replica.dep.id.as_str(), d.reason),
             ("a", Reason::PrefixHit)
+        );
+        // A held prefix shorter than half the prompt (a shared system prompt) does not
+        // pull the request: c holds 1 of 4 blocks, b 3; with b gone, c is no magnet.
+        let rs = held();
+        loads(&rs, [0, 0, 2]);
+        let d = r.pick(&rs[..], &exact(&[1, 5, 6, 7])).unwrap();
+        assert_eq!(d.reason, Reason::LowMatch);
+        assert_ne!(d.replica.dep.id, "c");
+        let d = r
+            .pick(&[rs[0].clone(), rs[2].clone()], &exact(&[1, 2, 3, 4]))
+            .unwrap();
+        assert_eq!(
+            (d.replica.dep.id.as_str(), d.reason),
+            ("a", Reason::LowMatch)
         );
         // An eviction event takes a block away from the replica.
         rs[1].prefix.lock().unwrap().removed([2]);

@@ -104,6 +104,11 @@ fn errors_name_the_key_and_line() {
     assert!(e.contains("YAML"), "{e}");
     let e = err("model_list:\n  - model_name: a\n    litellm_params: {model: openai/a, api_base: 'http://x'}\npagellm_settings:\n  health_check: {interval: -1}\n");
     assert!(e.contains("health_check.interval (line 5)"), "{e}");
+    let e = err("model_list:\n  - model_name: a\n    litellm_params: {model: openai/a, api_base: 'http://x'}\npagellm_settings:\n  cache_threshold: 2\n");
+    assert!(
+        e.contains("cache_threshold (line 5)") && e.contains("between 0 and 1"),
+        "{e}"
+    );
 }
 
 #[test]
