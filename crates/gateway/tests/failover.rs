@@ -156,12 +156,8 @@ async fn prefix_aware_routing_matches_the_replicas_own_blocks() {
         deployment(MODEL, "b", &b.url),
     );
     let (gw, g) = gateway(&yaml).await;
+    exact_prefixes_ready(&g, 5.0).await;
     let rt = g.runtime();
-    assert!(
-        eventually(5.0, || g.tokenizers.is_loaded(MODEL)
-            && rt.replicas().all(|r| r.prefix.lock().unwrap().connected))
-        .await
-    );
     // Two long shared prefixes (one token per character on the tiny model: 4 blocks).
     let p1 = "the quick brown fox jumps over the lazy dog and keeps on running";
     let p2 = "pack my box with five dozen liquor jugs said the sphinx of black";

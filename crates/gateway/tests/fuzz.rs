@@ -264,12 +264,7 @@ fn the_request_path_survives_arbitrary_input() {
             db.path().join("gw.db").display(),
         );
         let (gw, g) = gateway(&yaml).await;
-        let rt = g.runtime();
-        assert!(
-            eventually(10.0, || g.tokenizers.is_loaded(MODEL)
-                && rt.replicas().all(|r| r.prefix.lock().unwrap().connected))
-            .await
-        );
+        exact_prefixes_ready(&g, 10.0).await;
         let k = post(&gw, "/key/generate", &json!({"models": [MODEL], "rpm_limit": 100000}), Some(MASTER)).await;
         assert_eq!(k.status, 200, "{}", k.text);
         let virtual_key = k.json()["key"].as_str().unwrap().to_string();

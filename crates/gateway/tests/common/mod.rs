@@ -266,6 +266,18 @@ pub async fn eventually(secs: f64, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// Waits until the gateway has `MODEL`'s tokenizer and every replica's KV events, so
+/// prefix-aware routing is exact; panics after `secs`.
+pub async fn exact_prefixes_ready(g: &Gateway, secs: f64) {
+    let rt = g.runtime();
+    assert!(
+        eventually(secs, || g.tokenizers.is_loaded(MODEL)
+            && rt.replicas().all(|r| r.prefix.lock().unwrap().connected))
+        .await,
+        "no tokenizer or KV events after {secs} s"
+    );
+}
+
 /// A metric's value summed over series whose labels contain every `k="v"` given.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
