@@ -11,8 +11,13 @@ python3 -m pip install --quiet --disable-pip-version-check openai \
 if ! command -v redis-server >/dev/null; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
+# One build for everything: `cargo test --release` also builds the `pagellm` binary
+# (target/release/pagellm) that the pulls and the scripts below run; a separate
+# `cargo build --release` would compile the whole graph a second time with the
+# release profile's settings.
+cargo test --workspace --release --no-run
 for m in smollm2-135m qwen2.5-coder-0.5b; do
-    cargo run --release --quiet -p pagellm -- models pull "$m"
+    target/release/pagellm models pull "$m"
 done
 cargo test --workspace --release
 # The OpenAI API as the official Python SDK sees it (pip install openai).

@@ -29,6 +29,12 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Convert a GGUF model to another format.
     Convert(cmd::convert::Args),
+    /// Quantize a model's linear layers (INT8, W8A8, INT4, FP8) into a standard
+    /// checkpoint format.
+    Quantize(cmd::quantize::Args),
+    /// Measure a model's quality: perplexity, KL divergence against a base model.
+    #[command(subcommand)]
+    Eval(cmd::eval::EvalCmd),
 }
 
 fn main() {
@@ -48,6 +54,8 @@ fn main() {
         Command::Models(c) => cmd::models::run(c),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Convert(a) => cmd::convert::run(a),
+        Command::Quantize(a) => cmd::quantize::run(a),
+        Command::Eval(c) => cmd::eval::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

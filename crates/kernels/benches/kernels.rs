@@ -64,7 +64,7 @@ fn activations(k: DotKernel, cols: usize, n: usize, rng: &mut impl Rng) -> Acts 
             quantize_row_q8k_ref(&x, &mut q);
             Acts::Q8K(q)
         }
-        DotKernel::F32(_) => unreachable!("quantized types only"),
+        DotKernel::F32(_) | DotKernel::U4(_) => unreachable!("GGML block types only"),
     }
 }
 
@@ -184,12 +184,7 @@ fn bench_matmul(c: &mut Criterion) {
             // `weights` makes ROWS rows; repeat them to the full height.
             let base = weights(ty, cols, &mut rng);
             let data: Vec<u8> = base.iter().copied().cycle().take(rb * w_rows).collect();
-            let w = WeightRef {
-                ty,
-                data: &data,
-                rows: w_rows,
-                cols,
-            };
+            let w = WeightRef::plain(ty, &data, w_rows, cols);
             let mut x = Activations::new();
             for v in x.reset(N, cols) {
                 *v = rng.gen_range(-2.0..2.0);

@@ -14,18 +14,53 @@
 //! the Q4_K one relies on activation rows arriving in groups of four from row 0.
 
 use crate::pool::{SyncPtr, ThreadPool};
+use crate::quant::wq::quantize_row_i8_tok;
 use crate::quant::{
-    dot_kernel_for, pack_scales4, quantize_row_q8, quantize_row_q8k, tile_kernel_for, ActScales4,
-    BlockQ8, BlockQ8K, DotKernel, GgmlType, TileQ8Fn, TILE_W,
+    dot_kernel_for, dot_kernel_i8_tok, pack_scales4, quantize_row_q8, quantize_row_q8k,
+    tile_kernel_for, ActQuant, ActScales4, BlockQ8, BlockQ8K, DotI8TokFn, DotKernel, GgmlType,
+    QuantParams, TileQ8Fn, TILE_W,
 };
 
-/// A borrowed weight matrix of `rows` rows of `cols` elements in GGML layout.
+/// A borrowed weight matrix of `rows` rows of `cols` elements in GGML layout, or in a
+/// checkpoint format with its scales in `params` (`ty.has_params()`).
 #[derive(Clone, Copy)]
 pub struct WeightRef<'a> {
     pub ty: GgmlType,
     pub data: &'a [u8],
     pub rows: usize,
     pub cols: usize,
+    pub params: Option<&'a QuantParams>,
+}
+
+impl<'a> WeightRef<'a> {
+    /// A weight whose scales are inside its data (GGML and float types).
+    pub fn plain(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Self {
+        Self {
+            ty,
+            data,
+            rows,
+            cols,
+            params: None,
+        }
+    }
+}
+
+/// The kernel of one product and how its results are finished.
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// `DotKernel` results, times the row scale for `I8` and `F8E4M3` weights.
+    Dot(DotKernel),
+    /// W8A8: integer sums times the row's scale and the token's.
+    I8Tok(DotI8TokFn),
+}
+
+fn kernel_for(w: &WeightRef<'_>, n_rows: usize) -> Kernel {
+    match w.params {
+        Some(p) if w.ty == GgmlType::I8 && p.act == ActQuant::PerToken => {
+            Kernel::I8Tok(dot_kernel_i8_tok())
+        }
+        _ => Kernel::Dot(dot_kernel_for(w.ty, w.rows, n_rows)),
+    }
 }
 
 /// Activations `x` of shape (n_rows, cols), with their quantized copies made on demand
@@ -43,6 +78,10 @@ pub struct Activations {
     q8_valid: bool,
     q8k: Vec<BlockQ8K>,
     q8k_valid: bool,
+    /// Per-token `i8` rows and their scales, for W8A8 weights.
+    tok: Vec<i8>,
+    tok_scales: Vec<f32>,
+    tok_valid: bool,
 }
 
 impl Activations {
@@ -56,6 +95,9 @@ impl Activations {
             q8_valid: false,
             q8k: Vec::new(),
             q8k_valid: false,
+            tok: Vec::new(),
+            tok_scales: Vec::new(),
+            tok_valid: false,
         }
     }
 
@@ -66,17 +108,36 @@ impl Activations {
         self.cols = cols;
         self.q8_valid = false;
         self.q8k_valid = false;
+        self.tok_valid = false;
         self.f32.resize(n_rows * cols, 0.0);
         &mut self.f32[..n_rows * cols]
     }
 
     /// Makes the quantized copy that kernel `k` consumes, if not made yet.
-    fn quantize_for(&mut self, k: &DotKernel) {
+    fn quantize_for(&mut self, k: &Kernel) {
         match k {
-            DotKernel::Q8(_) => self.ensure_q8(),
-            DotKernel::Q8K(_) => self.ensure_q8k(),
-            DotKernel::F32(_) => {}
+            Kernel::Dot(DotKernel::Q8(_) | DotKernel::U4(_)) => self.ensure_q8(),
+            Kernel::Dot(DotKernel::Q8K(_)) => self.ensure_q8k(),
+            Kernel::Dot(DotKernel::F32(_)) => {}
+            Kernel::I8Tok(_) => self.ensure_tok(),
         }
+    }
+
+    fn ensure_tok(&mut self) {
+        if self.tok_valid {
+            return;
+        }
+        self.tok.resize(self.n_rows * self.cols, 0);
+        self.tok_scales.resize(self.n_rows, 0.0);
+        for ((x, q), s) in self
+            .f32
+            .chunks_exact(self.cols)
+            .zip(self.tok.chunks_exact_mut(self.cols))
+            .zip(self.tok_scales.iter_mut())
+        {
+            *s = quantize_row_i8_tok(x, q);
+        }
+        self.tok_valid = true;
     }
 
     fn ensure_q8(&mut self) {
@@ -163,7 +224,13 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
         );
         assert!(j.out.len() >= n * j.w.rows, "output buffer too small");
         assert!(j.w.data.len() >= j.w.rows * j.w.ty.row_bytes(j.w.cols).expect("whole blocks"));
-        x.quantize_for(&dot_kernel_for(j.w.ty, j.w.rows, n));
+        assert!(
+            j.w.ty.has_params() == j.w.params.is_some(),
+            "{} weight with{} params",
+            j.w.ty.name(),
+            if j.w.params.is_some() { "" } else { "out" }
+        );
+        x.quantize_for(&kernel_for(&j.w, n));
     }
     let x = &*x;
     // Tiles of all jobs laid end to end; each thread takes a contiguous share of tiles,
@@ -184,10 +251,13 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
     let ws: Vec<WeightRef<'_>> = jobs.iter().map(|j| j.w).collect();
     // The kernel reproducing llama.cpp's path for this product (it depends on the batch
     // size; for repacked Q4_K also on rows arriving in groups of four from row 0).
-    let kernels: Vec<DotKernel> = ws.iter().map(|w| dot_kernel_for(w.ty, w.rows, n)).collect();
+    let kernels: Vec<Kernel> = ws.iter().map(|w| kernel_for(w, n)).collect();
     // Register-tiled kernels (TILE_W weight rows x 4 activation rows) where one exists;
     // they give every pair the per-pair kernel's bits, so the split does not matter.
-    let tiled: Vec<Option<TileQ8Fn>> = ws.iter().map(|w| tile_kernel_for(w.ty)).collect();
+    let tiled: Vec<Option<TileQ8Fn>> = ws
+        .iter()
+        .map(|w| w.params.is_none().then(|| tile_kernel_for(w.ty)).flatten())
+        .collect();
     // Threads take tiles from a shared counter in small chunks rather than fixed shares:
     // on shared vCPUs one thread is often slowed down, and a static split would make
     // everyone wait for it at the barrier.
@@ -228,17 +298,45 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                 // The rows left over by the tiles (or all rows) pair by pair.
                 for r in r_pair..r1 {
                     let row = &w.data[r * rb..(r + 1) * rb];
+                    let nb = x.cols / 32;
                     match kernels[ji] {
-                        DotKernel::Q8(f) => {
-                            let nb = x.cols / 32;
+                        Kernel::Dot(DotKernel::Q8(f)) => {
                             f(row, &x.q8[i0 * nb..(i0 + na) * nb], na, &mut acc)
                         }
-                        DotKernel::Q8K(f) => {
+                        Kernel::Dot(DotKernel::Q8K(f)) => {
                             let nb = x.cols / 256;
                             f(row, &x.q8k[i0 * nb..(i0 + na) * nb], na, &mut acc)
                         }
-                        DotKernel::F32(f) => {
+                        Kernel::Dot(DotKernel::F32(f)) => {
                             f(row, &x.f32[i0 * x.cols..(i0 + na) * x.cols], na, &mut acc)
+                        }
+                        Kernel::Dot(DotKernel::U4(f)) => {
+                            let p = w.params.expect("checked");
+                            f(
+                                row,
+                                p.row_scales(r, w.cols),
+                                p.row_zeros(r, w.cols),
+                                p.group,
+                                &x.q8[i0 * nb..(i0 + na) * nb],
+                                na,
+                                &mut acc,
+                            )
+                        }
+                        Kernel::I8Tok(f) => {
+                            f(row, &x.tok[i0 * x.cols..(i0 + na) * x.cols], na, &mut acc);
+                            let s = w.params.expect("checked").row_scales(r, w.cols)[0];
+                            for (k, a) in acc.iter_mut().take(na).enumerate() {
+                                *a = *a * s * x.tok_scales[i0 + k];
+                            }
+                        }
+                    }
+                    // I8 and F8E4M3 weights: the row scale.
+                    if let (Kernel::Dot(_), Some(p)) = (kernels[ji], w.params) {
+                        if w.ty != GgmlType::U4 {
+                            let s = p.row_scales(r, w.cols)[0];
+                            for a in acc.iter_mut().take(na) {
+                                *a *= s;
+                            }
                         }
                     }
                     for (k, v) in acc.iter().take(na).enumerate() {
@@ -258,7 +356,11 @@ pub fn matmul_ref(x: &[f32], n_rows: usize, w: WeightRef<'_>, out: &mut [f32]) {
     let rb = w.ty.row_bytes(w.cols).expect("whole blocks");
     let mut wrow = vec![0f32; w.cols];
     for r in 0..w.rows {
-        crate::quant::dequantize_row(w.ty, &w.data[r * rb..(r + 1) * rb], &mut wrow);
+        let src = &w.data[r * rb..(r + 1) * rb];
+        match w.params {
+            Some(p) => crate::quant::wq::dequantize_row_wq(w.ty, p, r, src, &mut wrow),
+            None => crate::quant::dequantize_row(w.ty, src, &mut wrow),
+        }
         for i in 0..n_rows {
             let xi = &x[i * w.cols..(i + 1) * w.cols];
             out[i * w.rows + r] = xi.iter().zip(&wrow).map(|(a, b)| a * b).sum();
@@ -296,8 +398,8 @@ mod tests {
             let pool = ThreadPool::new(3);
             let mut act = Activations::new();
             act.reset(n, cols).copy_from_slice(&x);
-            let w_q = WeightRef { ty: GgmlType::Q8_0, data: &wq, rows, cols };
-            let w_f = WeightRef { ty: GgmlType::F32, data: &wf, rows: rows.div_ceil(2), cols };
+            let w_q = WeightRef::plain(GgmlType::Q8_0, &wq, rows, cols);
+            let w_f = WeightRef::plain(GgmlType::F32, &wf, rows.div_ceil(2), cols);
             let mut out_q = vec![0f32; n * rows];
             let mut out_f = vec![0f32; n * w_f.rows];
             matmul_many(&pool, &mut act, &mut [MatmulJob { w: w_q, out: &mut out_q }, MatmulJob { w: w_f, out: &mut out_f }]);
@@ -368,7 +470,7 @@ mod tests {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let cols = blocks * 32;
             let data = rows_of(ty, &mut rng, rows, cols);
-            let w = WeightRef { ty, data: &data, rows, cols };
+            let w = WeightRef::plain(ty, &data, rows, cols);
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2f32..2.0)).collect();
             let pool = ThreadPool::new(2);
             let mut act = Activations::new();

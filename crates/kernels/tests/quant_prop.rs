@@ -36,6 +36,9 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => &[],
+        GgmlType::I8 | GgmlType::U4 | GgmlType::F8E4M3 => {
+            unreachable!("checkpoint formats are tested in wq_prop.rs")
+        }
     }
 }
 
@@ -156,6 +159,7 @@ fn seen_activations(k: DotKernel, c: &Case, q: &Quantized) -> Vec<f32> {
             .flat_map(|b| b.qs.map(|v| b.d * v as f32))
             .collect(),
         DotKernel::F32(_) => c.x.clone(),
+        DotKernel::U4(_) => unreachable!("checkpoint formats are tested in wq_prop.rs"),
     }
 }
 
@@ -186,6 +190,7 @@ fn run(k: DotKernel, c: &Case, q: &Quantized, n_act: usize, first_row: usize) ->
             n_act,
             &mut out,
         ),
+        DotKernel::U4(_) => unreachable!("checkpoint formats are tested in wq_prop.rs"),
     }
     out
 }
@@ -720,6 +725,7 @@ fn kernel_families() {
                     DotKernel::Q8(_) => 32,
                     DotKernel::Q8K(_) => 256,
                     DotKernel::F32(_) => 1,
+                    DotKernel::U4(_) => unreachable!("not in ALL"),
                 };
                 assert_eq!(family, ty.block_elems(), "{}", ty.name());
             }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use pagellm_kernels::quant::GgmlType;
+use pagellm_kernels::quant::{GgmlType, QuantParams};
 
 use crate::error::{ModelError, Result};
 
@@ -33,6 +33,8 @@ pub struct Tensor {
     storage: Arc<Storage>,
     offset: usize,
     len: usize,
+    /// Scales (and zero points) of a checkpoint-format weight (`ty.has_params()`).
+    params: Option<Arc<QuantParams>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -84,7 +86,22 @@ impl Tensor {
             storage,
             offset,
             len,
+            params: None,
         })
+    }
+
+    /// Attaches the scales of a checkpoint-format weight, checked against its shape.
+    pub fn with_params(mut self, params: QuantParams) -> Result<Self> {
+        params
+            .check(self.ty, self.rows(), self.cols())
+            .map_err(|e| ModelError::Other(format!("tensor `{}`: {e}", self.name)))?;
+        self.params = Some(Arc::new(params));
+        Ok(self)
+    }
+
+    /// The scales of a checkpoint-format weight.
+    pub fn params(&self) -> Option<&QuantParams> {
+        self.params.as_deref()
     }
 
     pub fn data(&self) -> &[u8] {
@@ -119,9 +136,19 @@ impl Tensor {
         let cols = self.cols();
         let mut out = vec![0f32; self.rows() * cols];
         for (r, dst) in out.chunks_exact_mut(cols.max(1)).enumerate() {
-            pagellm_kernels::quant::dequantize_row(self.ty, self.row(r), dst);
+            self.dequantize_row(r, dst);
         }
         out
+    }
+
+    /// Dequantizes row `r` into `dst` (`cols` values).
+    pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) {
+        match &self.params {
+            Some(p) => {
+                pagellm_kernels::quant::wq::dequantize_row_wq(self.ty, p, r, self.row(r), dst)
+            }
+            None => pagellm_kernels::quant::dequantize_row(self.ty, self.row(r), dst),
+        }
     }
 
     /// Checks the shape against what the model expects.

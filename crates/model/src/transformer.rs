@@ -9,7 +9,6 @@
 use pagellm_kernels::matmul::{matmul, matmul_many, Activations, MatmulJob, WeightRef};
 use pagellm_kernels::ops::{self, attention, rope::RopeTable};
 use pagellm_kernels::pool::ThreadPool;
-use pagellm_kernels::quant::dequantize_row;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -146,6 +145,7 @@ fn weight(t: &Tensor) -> WeightRef<'_> {
         data: t.data(),
         rows: t.rows(),
         cols: t.cols(),
+        params: t.params(),
     }
 }
 
@@ -352,7 +352,7 @@ impl Transformer {
         // x: (n, d) embeddings.
         ws.x.resize(n * d, 0.0);
         for (row, &tok) in ws.x.chunks_exact_mut(d).zip(&batch.tokens) {
-            dequantize_row(self.token_embd.ty, self.token_embd.row(tok as usize), row);
+            self.token_embd.dequantize_row(tok as usize, row);
         }
         ws.q.resize(n * qd, 0.0);
         ws.k.resize(n * kvd, 0.0);

@@ -116,8 +116,12 @@ impl Writer {
         let bytes = ty.row_bytes(dims[0] as usize).unwrap() * (n / dims[0]) as usize;
         // Deterministic, non-trivial contents (for Q-types, scales included).
         let data = (0..bytes).map(|i| (i * 7 + name.len()) as u8).collect();
-        self.tensors
-            .push((name.to_string(), dims.to_vec(), ty.id(), data));
+        self.tensors.push((
+            name.to_string(),
+            dims.to_vec(),
+            ty.id().expect("a GGUF type"),
+            data,
+        ));
         self
     }
 
@@ -572,8 +576,12 @@ fn layout_errors() {
     assert!(err_text(w.build()).contains("not a power of two"));
     // Row length not a multiple of the block size.
     let mut w = Writer::new();
-    w.tensors
-        .push(("q".into(), vec![33, 1], GgmlType::Q8_0.id(), vec![0; 64]));
+    w.tensors.push((
+        "q".into(),
+        vec![33, 1],
+        GgmlType::Q8_0.id().expect("a GGUF type"),
+        vec![0; 64],
+    ));
     assert!(err_text(w.build()).contains("not a multiple of the Q8_0 block size 32"));
     // Too many dimensions.
     let mut w = Writer::new();

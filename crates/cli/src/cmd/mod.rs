@@ -3,9 +3,11 @@ pub mod bench_overhead;
 pub mod bench_serve;
 pub mod bench_throughput;
 pub mod convert;
+pub mod eval;
 pub mod gateway;
 pub mod generate;
 pub mod models;
+pub mod quantize;
 pub mod serve;
 pub mod tokenize;
 

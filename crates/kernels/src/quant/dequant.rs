@@ -43,6 +43,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q4_K => q4_k(as_blocks(src), dst),
         GgmlType::Q5_K => q5_k(as_blocks(src), dst),
         GgmlType::Q6_K => q6_k(as_blocks(src), dst),
+        GgmlType::I8 | GgmlType::U4 | GgmlType::F8E4M3 => panic!(
+            "{} rows need their scales: use wq::dequantize_row_wq",
+            ty.name()
+        ),
     }
 }
 

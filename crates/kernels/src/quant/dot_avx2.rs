@@ -31,6 +31,9 @@ pub(super) unsafe fn kernel(ty: GgmlType, path: KPath) -> DotKernel {
             KPath::Tiled => dot_q6_k_tiled,
             _ => dot_q6_k,
         }),
+        GgmlType::I8 => DotKernel::Q8(super::wq_avx2::dot_i8),
+        GgmlType::U4 => DotKernel::U4(super::wq_avx2::dot_u4),
+        GgmlType::F8E4M3 => DotKernel::F32(super::wq_avx2::dot_f8),
     }
 }
 
@@ -40,7 +43,7 @@ pub(super) unsafe fn kernel(ty: GgmlType, path: KPath) -> DotKernel {
 /// Horizontal sum of eight f32 lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -102,7 +105,7 @@ unsafe fn ld_f16x2(p: *const u8) -> __m128 {
 /// `p..p+32` must be readable.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn ld256(p: *const u8) -> __m256i {
+pub(super) unsafe fn ld256(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment need.
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
@@ -146,21 +149,21 @@ fn dot_us(w: __m256i, a: __m256i) -> __m256i {
 /// Eight i32 partial sums of `w[i] * a[i]` for signed `w` given as `|w|` and `w`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn dot_ss(w_abs: __m256i, w: __m256i, a: __m256i) -> __m256i {
+pub(super) fn dot_ss(w_abs: __m256i, w: __m256i, a: __m256i) -> __m256i {
     dot_us(w_abs, _mm256_sign_epi8(a, w))
 }
 
 /// `acc + p * scale`, `p` the i32 lanes of one block.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn fma_block(p: __m256i, scale: f32, acc: __m256) -> __m256 {
+pub(super) fn fma_block(p: __m256i, scale: f32, acc: __m256) -> __m256 {
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc)
 }
 
 /// The 32 activation bytes of a block.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn act(y: &BlockQ8) -> __m256i {
+pub(super) fn act(y: &BlockQ8) -> __m256i {
     // SAFETY: `qs` is 32 readable bytes.
     unsafe { ld256(y.qs.as_ptr().cast()) }
 }
@@ -177,7 +180,7 @@ fn act_k(y: &BlockQ8K, j: usize) -> __m256i {
 /// Sum of the eight i32 lanes.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));

@@ -91,7 +91,7 @@ fn hsum4(a: [f32; 4]) -> f32 {
 /// `maddubs` + `madd(1)` leave them. Weights are unpacked to bytes first because a sum
 /// of widened byte products is a shape LLVM vectorizes on any baseline.
 #[inline(always)]
-fn lanes(w: &[i8; 32], a: &[i8]) -> [i32; 8] {
+pub(super) fn lanes(w: &[i8; 32], a: &[i8]) -> [i32; 8] {
     let a = &a[..32];
     let mut l = [0i32; 8];
     for (k, l) in l.iter_mut().enumerate() {
@@ -104,7 +104,7 @@ fn lanes(w: &[i8; 32], a: &[i8]) -> [i32; 8] {
 
 /// `acc[k] = fma(l[k], s, acc[k])` on each lane.
 #[inline(always)]
-fn fma_lanes(acc: &mut [f32; 8], l: [i32; 8], s: f32) {
+pub(super) fn fma_lanes(acc: &mut [f32; 8], l: [i32; 8], s: f32) {
     for (acc, l) in acc.iter_mut().zip(l) {
         *acc = (l as f32).mul_add(s, *acc);
     }

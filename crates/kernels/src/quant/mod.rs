@@ -21,7 +21,9 @@
 //! products, the definition of every result), `dot_avx2` (their bit-identical AVX2
 //! twins). Dispatch happens here.
 
-/// A tensor element type as numbered in GGUF (`ggml_type`).
+/// A weight element type: the GGUF types (`ggml_type`) and the element formats of
+/// quantized checkpoints (`I8`, `U4`, `F8E4M3`, whose scales live beside the weight in
+/// a [`QuantParams`]; see `wq`).
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {
@@ -36,6 +38,12 @@ pub enum GgmlType {
     Q4_K,
     Q5_K,
     Q6_K,
+    /// Signed bytes, one scale per row (INT8 checkpoints).
+    I8,
+    /// Unsigned nibbles, two per byte, scale and zero point per group (INT4).
+    U4,
+    /// OCP FP8 E4M3 bytes, one scale per row.
+    F8E4M3,
 }
 
 impl GgmlType {
@@ -57,8 +65,9 @@ impl GgmlType {
         })
     }
 
-    pub fn id(self) -> u32 {
-        match self {
+    /// The GGUF id; `None` for the checkpoint formats, which GGUF cannot hold.
+    pub fn id(self) -> Option<u32> {
+        Some(match self {
             Self::F32 => 0,
             Self::F16 => 1,
             Self::Q4_0 => 2,
@@ -70,7 +79,8 @@ impl GgmlType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::BF16 => 30,
-        }
+            Self::I8 | Self::U4 | Self::F8E4M3 => return None,
+        })
     }
 
     /// The name ggml uses ("Q4_K", "F16", ...).
@@ -87,13 +97,17 @@ impl GgmlType {
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
+            Self::I8 => "I8",
+            Self::U4 => "U4",
+            Self::F8E4M3 => "F8_E4M3",
         }
     }
 
     /// Elements per block.
     pub fn block_elems(self) -> usize {
         match self {
-            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::F32 | Self::F16 | Self::BF16 | Self::I8 | Self::F8E4M3 => 1,
+            Self::U4 => 2,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
         }
@@ -104,6 +118,7 @@ impl GgmlType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
+            Self::I8 | Self::U4 | Self::F8E4M3 => 1,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
@@ -115,8 +130,14 @@ impl GgmlType {
         }
     }
 
+    /// A GGML block format (scales inside the blocks).
     pub fn is_quantized(self) -> bool {
-        self.block_elems() > 1
+        self.block_elems() > 1 && !self.has_params()
+    }
+
+    /// A checkpoint format: the weight needs its [`QuantParams`].
+    pub fn has_params(self) -> bool {
+        matches!(self, Self::I8 | Self::U4 | Self::F8E4M3)
     }
 
     /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks
@@ -170,9 +191,14 @@ pub mod blocks;
 mod dequant;
 mod dot_scalar;
 mod q8;
+pub mod wq;
 
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2;
+#[cfg(target_arch = "x86_64")]
+mod wq_avx2;
+
+pub use wq::{ActQuant, DotI8TokFn, DotU4Fn, QuantParams};
 
 pub use dequant::dequantize_row;
 pub use q8::{quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k, quantize_row_q8k_ref};
@@ -235,8 +261,10 @@ pub enum DotKernel {
     Q8(DotQ8Fn),
     /// K-quant weights; activations quantized with [`quantize_row_q8k`].
     Q8K(DotQ8KFn),
-    /// Float weights; f32 activations.
+    /// Float weights (and FP8, before its row scale); f32 activations.
     F32(DotF32Fn),
+    /// `U4` weights with their group scales; activations from [`quantize_row_q8`].
+    U4(DotU4Fn),
 }
 
 /// Which of llama.cpp's code paths a K-quant product takes (x86 AVX2 build, no AVX-512).
@@ -328,7 +356,20 @@ pub fn dot_kernel_ref_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKern
             KPath::Tiled => dot_q6_k_tiled,
             _ => dot_q6_k,
         }),
+        GgmlType::I8 => DotKernel::Q8(wq::dot_i8),
+        GgmlType::U4 => DotKernel::U4(wq::dot_u4),
+        GgmlType::F8E4M3 => DotKernel::F32(wq::dot_f8),
     }
+}
+
+/// The kernel for `I8` weights against activations quantized per token (W8A8) on this
+/// CPU; bit-identical to [`wq::dot_i8_tok`].
+pub fn dot_kernel_i8_tok() -> DotI8TokFn {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
+        return wq_avx2::dot_i8_tok;
+    }
+    wq::dot_i8_tok
 }
 
 /// The kernel for single-row products (decoding) with a weight of a multiple of 8 rows:

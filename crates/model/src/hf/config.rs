@@ -38,6 +38,7 @@ struct RawConfig {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     rope_scaling: Option<Value>,
+    quantization_config: Option<Value>,
 }
 
 /// A parsed `config.json`.
@@ -46,6 +47,8 @@ pub(super) struct HfConfig {
     pub config: ModelConfig,
     /// The LM head is the embedding matrix (`lm_head.weight`, if present, is ignored).
     pub tie_word_embeddings: bool,
+    /// How the linear layers are quantized, if they are.
+    pub quant: Option<super::quant::QuantConfig>,
 }
 
 const ARCHITECTURES: [(&str, Arch); 2] = [
@@ -131,9 +134,16 @@ fn from_raw(raw: RawConfig) -> Result<HfConfig> {
         rope_style: RopeStyle::Neox,
     };
     config.validate()?;
+    let quant = raw
+        .quantization_config
+        .as_ref()
+        .filter(|v| !v.is_null())
+        .map(super::quant::parse)
+        .transpose()?;
     Ok(HfConfig {
         config,
         tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+        quant,
     })
 }
 

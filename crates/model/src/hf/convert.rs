@@ -65,7 +65,7 @@ pub fn convert_gguf_to_hf(input: &str, out_dir: &Path, dtype: HfDtype) -> Result
 }
 
 /// Fails unless `out_dir` is absent or an empty directory.
-fn check_out_dir(out_dir: &Path) -> Result<()> {
+pub(super) fn check_out_dir(out_dir: &Path) -> Result<()> {
     let io_err = |source| ModelError::Io {
         path: out_dir.to_path_buf(),
         source,
@@ -91,13 +91,13 @@ fn check_out_dir(out_dir: &Path) -> Result<()> {
 }
 
 /// A hidden sibling of the output directory, removed on drop unless renamed into place.
-struct Staging {
-    path: PathBuf,
+pub(super) struct Staging {
+    pub(super) path: PathBuf,
     done: bool,
 }
 
 impl Staging {
-    fn create(out_dir: &Path) -> Result<Self> {
+    pub(super) fn create(out_dir: &Path) -> Result<Self> {
         let name = out_dir
             .file_name()
             .ok_or_else(|| {
@@ -124,7 +124,7 @@ impl Staging {
         Ok(Self { path, done: false })
     }
 
-    fn finish(mut self, out_dir: &Path) -> Result<()> {
+    pub(super) fn finish(mut self, out_dir: &Path) -> Result<()> {
         // An empty directory at `out_dir` was allowed by `check_out_dir`; rename needs
         // the name free on every platform.
         if out_dir.is_dir() {
@@ -274,7 +274,7 @@ fn write_weights(
         .map_err(|e| ModelError::Other(format!("{}: writing safetensors: {e}", path.display())))
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
+pub(super) fn write_json(path: &Path, value: &Value) -> Result<()> {
     let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
     text.push('\n');
     fs::write(path, text).map_err(|source| ModelError::Io {
@@ -287,7 +287,7 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 /// that [`Tokenizer::from_file`] rebuilds the GGUF tokenizer: the special-token texts
 /// and `add_bos_token` in `tokenizer_config.json`, and the full end-of-generation set
 /// as `eos_token_id` in `generation_config.json`.
-fn write_tokenizer(dir: &Path, tok: &Tokenizer, config: &ModelConfig) -> Result<()> {
+pub(super) fn write_tokenizer(dir: &Path, tok: &Tokenizer, config: &ModelConfig) -> Result<()> {
     let tokenizer_json = dir.join("tokenizer.json");
     tok.inner()
         .save(&tokenizer_json, false)

@@ -15,12 +15,18 @@
 //! * `config.rs`: `config.json` → [`ModelConfig`](crate::ModelConfig) and back.
 //! * `names.rs`: tensor name mapping in both directions.
 //! * `weights.rs`: safetensors headers → memory-mapped tensors.
+//! * `quant.rs`: `quantization_config` and quantized linear layers (compressed-tensors)
+//!   → checkpoint-format tensors.
 //! * `convert.rs`: GGUF → Hugging Face directory.
+//! * `write.rs`: a loaded model → a Hugging Face directory with chosen tensors (the
+//!   quantizers' output).
 
 mod config;
 mod convert;
 mod names;
+pub mod quant;
 mod weights;
+pub mod write;
 
 use std::path::{Path, PathBuf};
 
@@ -45,7 +51,7 @@ pub enum HfDtype {
 /// Weights stay memory-mapped.
 pub fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
     let hf = config::read(dir)?;
-    let tensors = weights::load(dir, hf.tie_word_embeddings)?;
+    let tensors = weights::load(dir, hf.tie_word_embeddings, hf.quant.as_ref())?;
     let tokenizer = load_hf_tokenizer(dir)?;
     let chat_template = ChatTemplate::from_tokenizer(&tokenizer)?;
     let transformer = crate::loader::build(hf.config, &tensors).map_err(|e| match e {

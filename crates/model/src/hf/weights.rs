@@ -20,6 +20,7 @@ use crate::error::{ModelError, Result};
 use crate::tensor::{Storage, Tensor, TensorSet};
 
 use super::names::hf_to_gguf;
+use super::quant::QuantConfig;
 
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
@@ -34,28 +35,119 @@ struct ShardIndex {
 }
 
 /// Maps every weight file of `dir`. With `tied`, `lm_head.weight` is dropped so the
-/// loader uses the embedding matrix as the LM head.
-pub(super) fn load(dir: &Path, tied: bool) -> Result<TensorSet> {
+/// loader uses the embedding matrix as the LM head. With `quant`, the linear layers'
+/// quantized tensors are assembled into checkpoint-format weights (see `quant.rs`).
+pub(super) fn load(dir: &Path, tied: bool, quant: Option<&QuantConfig>) -> Result<TensorSet> {
     let mut set = TensorSet::default();
-    // GGUF name → file it came from, to report duplicates across shards.
+    // HF name → file it came from, to report duplicates across shards.
     let mut origin: HashMap<String, PathBuf> = HashMap::new();
+    let mut raws: HashMap<String, RawTensor> = HashMap::new();
     for shard in shard_paths(dir)? {
         for t in map_file(&shard)? {
-            if tied && t.name == "output.weight" {
-                continue;
-            }
-            if let Some(first) = origin.insert(t.name.clone(), shard.clone()) {
+            if let Some(first) = origin.insert(t.hf_name.clone(), shard.clone()) {
                 return Err(ModelError::Other(format!(
                     "tensor `{}` appears in both {} and {}",
-                    t.name,
+                    t.hf_name,
                     first.display(),
                     shard.display()
                 )));
             }
+            raws.insert(t.hf_name.clone(), t);
+        }
+    }
+    if let Some(q) = quant {
+        for t in super::quant::assemble(q, &mut raws)? {
             set.insert(t);
         }
     }
+    let mut names: Vec<String> = raws.keys().cloned().collect();
+    names.sort();
+    for hf_name in names {
+        let Some(gguf_name) = hf_to_gguf(&hf_name) else {
+            tracing::debug!("{}: ignoring tensor `{hf_name}`", dir.display());
+            continue;
+        };
+        if tied && gguf_name == "output.weight" {
+            continue;
+        }
+        let raw = &raws[&hf_name];
+        let ty = ggml_type(raw.dtype).ok_or_else(|| ModelError::UnsupportedTensorType {
+            name: hf_name.clone(),
+            ty: format!("{:?} (supported: F32, F16, BF16)", raw.dtype),
+        })?;
+        set.insert(raw.tensor(gguf_name, ty)?);
+    }
     Ok(set)
+}
+
+/// A tensor of a safetensors file as its header describes it, range-checked.
+pub(super) struct RawTensor {
+    pub hf_name: String,
+    pub dtype: Dtype,
+    /// Hugging Face (row-major) order.
+    pub shape: Vec<usize>,
+    pub storage: Arc<Storage>,
+    pub offset: usize,
+    pub len: usize,
+    pub file: PathBuf,
+}
+
+impl RawTensor {
+    pub fn bytes(&self) -> &[u8] {
+        &self.storage.bytes()[self.offset..self.offset + self.len]
+    }
+
+    /// A view of the data as a `ty` tensor named `name`, in GGML shape order.
+    pub fn tensor(&self, name: String, ty: GgmlType) -> Result<Tensor> {
+        let shape: Vec<usize> = self.shape.iter().rev().copied().collect();
+        Tensor::new(name, ty, shape, self.storage.clone(), self.offset)
+    }
+
+    /// Elements widened to f32 (float dtypes only).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let b = self.bytes();
+        Ok(match self.dtype {
+            Dtype::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::UnsupportedTensorType {
+                    name: self.hf_name.clone(),
+                    ty: format!("{other:?} (expected F32, F16 or BF16)"),
+                })
+            }
+        })
+    }
+
+    /// Elements of an integer tensor (I32 or I64) as i64.
+    pub fn to_i64(&self) -> Result<Vec<i64>> {
+        let b = self.bytes();
+        Ok(match self.dtype {
+            Dtype::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            Dtype::I64 => b
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+            other => {
+                return Err(ModelError::UnsupportedTensorType {
+                    name: self.hf_name.clone(),
+                    ty: format!("{other:?} (expected I32 or I64)"),
+                })
+            }
+        })
+    }
 }
 
 /// `model.safetensors`, or the shards listed by `model.safetensors.index.json` (each
@@ -116,10 +208,8 @@ fn ggml_type(dtype: Dtype) -> Option<GgmlType> {
     }
 }
 
-/// Maps one safetensors file and returns views of the tensors pagellm uses, renamed to
-/// GGUF names and with GGML shape order. Other tensors (e.g. `rotary_emb.inv_freq`)
-/// are skipped.
-fn map_file(path: &Path) -> Result<Vec<Tensor>> {
+/// Maps one safetensors file and returns every tensor it holds, range-checked.
+fn map_file(path: &Path) -> Result<Vec<RawTensor>> {
     let bad = |reason: String| ModelError::Other(format!("{}: {reason}", path.display()));
     let io_err = |source| ModelError::Io {
         path: path.to_path_buf(),
@@ -159,14 +249,6 @@ fn map_file(path: &Path) -> Result<Vec<Tensor>> {
     infos.sort_by(|a, b| a.0.cmp(&b.0));
     let mut plan = Vec::new();
     for (hf_name, info) in infos {
-        let Some(gguf_name) = hf_to_gguf(&hf_name) else {
-            tracing::debug!("{}: ignoring tensor `{hf_name}`", path.display());
-            continue;
-        };
-        let ty = ggml_type(info.dtype).ok_or_else(|| ModelError::UnsupportedTensorType {
-            name: hf_name.clone(),
-            ty: format!("{:?} (supported: F32, F16, BF16)", info.dtype),
-        })?;
         let n_bytes = info
             .shape
             .iter()
@@ -196,14 +278,26 @@ fn map_file(path: &Path) -> Result<Vec<Tensor>> {
                 file_len - data_start
             )));
         }
-        // Hugging Face shapes are [out, in] (row-major); GGML lists the contiguous
-        // dimension first.
-        let shape: Vec<usize> = info.shape.iter().rev().copied().collect();
-        plan.push((gguf_name, ty, shape, data_start + begin));
+        plan.push((
+            hf_name,
+            info.dtype,
+            info.shape.clone(),
+            data_start + begin,
+            n_bytes,
+        ));
     }
 
     let storage = Arc::new(Storage::Mmap(mmap));
-    plan.into_iter()
-        .map(|(name, ty, shape, offset)| Tensor::new(name, ty, shape, storage.clone(), offset))
-        .collect()
+    Ok(plan
+        .into_iter()
+        .map(|(hf_name, dtype, shape, offset, len)| RawTensor {
+            hf_name,
+            dtype,
+            shape,
+            storage: storage.clone(),
+            offset,
+            len,
+            file: path.to_path_buf(),
+        })
+        .collect())
 }

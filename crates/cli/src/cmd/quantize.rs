@@ -1,0 +1,73 @@
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use pagellm_quant::quantize::{quantize_model, Method, QuantizeOptions};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum MethodArg {
+    /// Weight-only INT8 per output channel (compressed-tensors pack-quantized).
+    Int8,
+    /// INT8 weights per channel, INT8 activations per token at run time
+    /// (compressed-tensors int-quantized).
+    W8a8,
+    /// INT4 round-to-nearest per group (compressed-tensors pack-quantized).
+    Rtn,
+    /// FP8 E4M3 weights per channel (compressed-tensors naive-quantized).
+    Fp8,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model to quantize: a registry name, GGUF file or Hugging Face directory.
+    #[arg(short, long)]
+    model: String,
+    /// The quantization method.
+    #[arg(long, value_enum)]
+    method: MethodArg,
+    /// Directory to create.
+    #[arg(long)]
+    out: PathBuf,
+    /// Columns per INT4 scale (128, or 64/32 for models whose widths need them).
+    #[arg(long, default_value_t = 128)]
+    group_size: usize,
+    /// INT4 with a zero point per group (asymmetric) instead of symmetric.
+    #[arg(long)]
+    zero_point: bool,
+    /// FP8 with one scale for the whole tensor instead of one per channel.
+    #[arg(long)]
+    per_tensor: bool,
+    /// No progress bar.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = pagellm_model::loader::load_model(&a.model)
+        .with_context(|| format!("loading {}", a.model))?;
+    let method = match a.method {
+        MethodArg::Int8 => Method::Int8,
+        MethodArg::W8a8 => Method::W8a8,
+        MethodArg::Rtn => Method::Rtn,
+        MethodArg::Fp8 => Method::Fp8,
+    };
+    let o = QuantizeOptions {
+        method,
+        group_size: a.group_size,
+        zero_point: a.zero_point,
+        per_tensor: a.per_tensor,
+    };
+    let bar = super::eval::layer_bar(a.quiet, "layers");
+    let summary = quantize_model(&model, &o, &a.out, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {} ({} linear layers, {:.1} MB, {:.1} s)",
+        a.out.display(),
+        summary.linear_layers,
+        summary.bytes_on_disk as f64 / 1e6,
+        summary.seconds
+    );
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! AVX2 twins of the checkpoint-format kernels of `wq`, bit for bit.
+
+use super::dot_avx2::{act, dot_ss, fma_block, hsum_epi32, hsum_ps, ld256};
+use super::dot_scalar::{check_f32, check_q};
+use super::wq::{check_i8_tok, check_u4};
+use super::{BlockQ8, GgmlType};
+use std::arch::x86_64::*;
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn i8_imp<const N: usize>(w: *const u8, a: *const BlockQ8, nb: usize, out: &mut [f32; 4]) {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: the wrapper checked that the row holds `nb` chunks of 32 bytes and
+        // `a` holds N rows of `nb` blocks.
+        let wq = unsafe { ld256(w.add(32 * b)) };
+        let wa = _mm256_sign_epi8(wq, wq);
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let y = unsafe { &*a.add(i * nb + b) };
+            *acc = fma_block(dot_ss(wa, wq, act(y)), y.d, *acc);
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_ps(acc);
+    }
+}
+
+pub(super) fn dot_i8(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f32; 4]) {
+    let nb = check_q(GgmlType::I8, w_row, acts.len(), 32, n_act);
+    let (w, a) = (w_row.as_ptr(), acts.as_ptr());
+    // SAFETY: shapes checked above; handed out only when AVX2 + FMA were detected.
+    unsafe {
+        match n_act {
+            1 => i8_imp::<1>(w, a, nb, out),
+            2 => i8_imp::<2>(w, a, nb, out),
+            3 => i8_imp::<3>(w, a, nb, out),
+            _ => i8_imp::<4>(w, a, nb, out),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn u4_imp<const N: usize>(
+    w: *const u8,
+    scales: &[f32],
+    zeros: Option<&[u8]>,
+    per_group: usize,
+    a: *const BlockQ8,
+    nb: usize,
+    out: &mut [f32; 4],
+) {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let m4 = _mm_set1_epi8(0x0F);
+    for b in 0..nb {
+        let g = b / per_group;
+        let zero = zeros.map_or(8, |z| z[g]);
+        // SAFETY: the row holds `nb` chunks of 16 bytes (checked by the wrapper).
+        let t = unsafe { _mm_loadu_si128(w.add(16 * b).cast()) };
+        let lo = _mm_and_si128(t, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(t), m4);
+        let q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+        let q = _mm256_sub_epi8(q, _mm256_set1_epi8(zero as i8));
+        let qa = _mm256_sign_epi8(q, q);
+        let s = scales[g];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `a` holds N rows of `nb` blocks.
+            let y = unsafe { &*a.add(i * nb + b) };
+            *acc = fma_block(dot_ss(qa, q, act(y)), s * y.d, *acc);
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_ps(acc);
+    }
+}
+
+pub(super) fn dot_u4(
+    w_row: &[u8],
+    scales: &[f32],
+    zeros: Option<&[u8]>,
+    group: usize,
+    acts: &[BlockQ8],
+    n_act: usize,
+    out: &mut [f32; 4],
+) {
+    let nb = check_u4(w_row, scales, zeros, group, acts, n_act);
+    let (w, a, pg) = (w_row.as_ptr(), acts.as_ptr(), group / 32);
+    // SAFETY: shapes checked above; handed out only when AVX2 + FMA were detected.
+    unsafe {
+        match n_act {
+            1 => u4_imp::<1>(w, scales, zeros, pg, a, nb, out),
+            2 => u4_imp::<2>(w, scales, zeros, pg, a, nb, out),
+            3 => u4_imp::<3>(w, scales, zeros, pg, a, nb, out),
+            _ => u4_imp::<4>(w, scales, zeros, pg, a, nb, out),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn i8_tok_imp<const N: usize>(w: *const u8, a: *const i8, cols: usize, out: &mut [f32; 4]) {
+    let mut acc = [_mm256_setzero_si256(); N];
+    for c in (0..cols).step_by(32) {
+        // SAFETY: the row has `cols` bytes, a multiple of 32 (checked by the wrapper).
+        let wq = unsafe { ld256(w.add(c)) };
+        let wa = _mm256_sign_epi8(wq, wq);
+        for (i, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `a` holds N rows of `cols` values.
+            let x = unsafe { ld256(a.add(i * cols + c).cast()) };
+            *acc = _mm256_add_epi32(*acc, dot_ss(wa, wq, x));
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_epi32(acc) as f32;
+    }
+}
+
+pub(super) fn dot_i8_tok(w_row: &[u8], acts: &[i8], n_act: usize, out: &mut [f32; 4]) {
+    let cols = check_i8_tok(w_row, acts, n_act);
+    let (w, a) = (w_row.as_ptr(), acts.as_ptr());
+    // SAFETY: shapes checked above; handed out only when AVX2 was detected.
+    unsafe {
+        match n_act {
+            1 => i8_tok_imp::<1>(w, a, cols, out),
+            2 => i8_tok_imp::<2>(w, a, cols, out),
+            3 => i8_tok_imp::<3>(w, a, cols, out),
+            _ => i8_tok_imp::<4>(w, a, cols, out),
+        }
+    }
+}
+
+/// Eight E4M3 bytes at `p` as f32 (see `wq::e4m3_to_f32`).
+///
+/// # Safety
+/// `p..p+8` must be readable.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn e4m3x8(p: *const u8) -> __m256 {
+    // SAFETY: caller guarantees eight readable bytes.
+    let h = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(p.cast()) });
+    let sign = _mm_slli_epi16::<8>(_mm_and_si128(h, _mm_set1_epi16(0x80)));
+    let mag = _mm_slli_epi16::<7>(_mm_and_si128(h, _mm_set1_epi16(0x7F)));
+    _mm256_mul_ps(
+        _mm256_cvtph_ps(_mm_or_si128(sign, mag)),
+        _mm256_set1_ps(256.0),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f8_imp<const N: usize>(w: *const u8, a: *const f32, cols: usize, out: &mut [f32; 4]) {
+    let mut acc = [[_mm256_setzero_ps(); 4]; N];
+    for c in (0..cols).step_by(32) {
+        for k in 0..4 {
+            // SAFETY: the row has `cols` bytes, a multiple of 32; `a` holds N rows of
+            // `cols` floats (checked by the wrapper).
+            let f = unsafe { e4m3x8(w.add(c + 8 * k)) };
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: as above.
+                let x = unsafe { _mm256_loadu_ps(a.add(i * cols + c + 8 * k)) };
+                acc[k] = _mm256_fmadd_ps(f, x, acc[k]);
+            }
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        *o = hsum_ps(s);
+    }
+}
+
+pub(super) fn dot_f8(w_row: &[u8], acts: &[f32], n_act: usize, out: &mut [f32; 4]) {
+    let cols = check_f32(GgmlType::F8E4M3, w_row, acts, n_act);
+    assert!(
+        cols.is_multiple_of(32),
+        "F8E4M3 rows need a multiple of 32 columns"
+    );
+    let (w, a) = (w_row.as_ptr(), acts.as_ptr());
+    // SAFETY: shapes checked above; handed out only when AVX2, FMA and F16C were
+    // detected.
+    unsafe {
+        match n_act {
+            1 => f8_imp::<1>(w, a, cols, out),
+            2 => f8_imp::<2>(w, a, cols, out),
+            3 => f8_imp::<3>(w, a, cols, out),
+            _ => f8_imp::<4>(w, a, cols, out),
+        }
+    }
+}

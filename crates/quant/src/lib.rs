@@ -1,0 +1,16 @@
+//! Offline quantization and its measurement.
+//!
+//! Owns: the quantizers (`rtn`: INT8, FP8 and INT4 round-to-nearest), the checkpoint
+//! writers for the formats other tools read, and `eval` (perplexity and KL divergence
+//! against a base model, as llama.cpp's `llama-perplexity` computes them). Loading the
+//! written formats back lives in `pagellm-model` (`hf::quant`), next to every other
+//! checkpoint reader; the kernels that run them live in `pagellm-kernels`
+//! (`quant::wq`).
+
+pub mod ct;
+pub mod error;
+pub mod eval;
+pub mod quantize;
+pub mod rtn;
+
+pub use error::{QuantError, Result};
