@@ -24,4 +24,4 @@ pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use kv::{KvDtype, PagedKvCache, SeqKvCache};
 pub use tensor::{Storage, Tensor, TensorSet};
-pub use transformer::{Batch, Logits, SeqSlice, Transformer, Workspace};
+pub use transformer::{Batch, Logits, SeqSlice, Site, Transformer, Workspace};

@@ -42,6 +42,23 @@ pub struct Transformer {
     rope: RopeTable,
 }
 
+/// Where in a layer [`Transformer::run_layer`] shows activations to a capture: the
+/// input of each group of linear layers that share one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Site {
+    /// The normed hidden states entering Q, K and V.
+    Qkv,
+    /// The attention output entering the output projection.
+    AttnOutput,
+    /// The normed hidden states entering gate and up.
+    GateUp,
+    /// `silu(gate) · up` entering down.
+    Down,
+}
+
+/// A callback shown each [`Site`]'s activations, `(n_tokens, width)` row-major.
+pub type Capture<'a> = &'a mut dyn FnMut(Site, &[f32]);
+
 /// Which positions of a forward pass need logits. The LM head is the single largest
 /// matmul of a small model, so prefill computes it for the last token only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,6 +311,21 @@ impl Transformer {
         cache: &mut PagedKvCache,
         batch: &Batch,
     ) -> Result<&'w [f32]> {
+        self.begin_layers(ws, cache, batch)?;
+        for li in 0..self.layers.len() {
+            self.run_layer(pool, ws, cache, batch, li, None);
+        }
+        Ok(self.head(pool, ws))
+    }
+
+    /// Checks `batch` against the model and the cache and puts the embeddings of its
+    /// tokens into the workspace, ready for [`Transformer::run_layer`] from layer 0.
+    pub fn begin_layers(
+        &self,
+        ws: &mut Workspace,
+        cache: &PagedKvCache,
+        batch: &Batch,
+    ) -> Result<()> {
         let c = &self.config;
         let n = batch.tokens.len();
         let (d, qd, kvd, ff) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
@@ -360,99 +392,133 @@ impl Transformer {
         ws.o.resize(n * d, 0.0);
         ws.gate.resize(n * ff, 0.0);
         ws.up.resize(n * ff, 0.0);
+        Ok(())
+    }
+
+    /// Runs layer `li` on the workspace's hidden states (after [`Transformer::begin_layers`]
+    /// and layers `0..li`). `capture`, if given, sees the input of each group of linear
+    /// layers, `(n_tokens, width)` row-major, before it is multiplied; calibration reads
+    /// them there.
+    pub fn run_layer(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        cache: &mut PagedKvCache,
+        batch: &Batch,
+        li: usize,
+        mut capture: Option<Capture<'_>>,
+    ) {
+        let c = &self.config;
+        let n = batch.tokens.len();
+        let (d, qd, kvd, ff) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let l = &self.layers[li];
         let shape = attention::AttnShape {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
         };
-
-        for (li, l) in self.layers.iter().enumerate() {
-            // Attention block.
-            ops::rmsnorm(&ws.x, &l.attn_norm, c.rms_eps, ws.xn.reset(n, d));
-            matmul_many(
-                pool,
-                &mut ws.xn,
-                &mut [
-                    MatmulJob {
-                        w: weight(&l.attn_q),
-                        out: &mut ws.q,
-                    },
-                    MatmulJob {
-                        w: weight(&l.attn_k),
-                        out: &mut ws.k,
-                    },
-                    MatmulJob {
-                        w: weight(&l.attn_v),
-                        out: &mut ws.v,
-                    },
-                ],
-            );
-            for (buf, bias) in [
-                (&mut ws.q, &l.attn_q_bias),
-                (&mut ws.k, &l.attn_k_bias),
-                (&mut ws.v, &l.attn_v_bias),
-            ] {
-                if let Some(b) = bias {
-                    for row in buf.chunks_exact_mut(b.len()) {
-                        ops::add_inplace(row, b);
-                    }
+        // Attention block.
+        ops::rmsnorm(&ws.x, &l.attn_norm, c.rms_eps, ws.xn.reset(n, d));
+        if let Some(f) = capture.as_mut() {
+            f(Site::Qkv, &ws.xn.f32);
+        }
+        matmul_many(
+            pool,
+            &mut ws.xn,
+            &mut [
+                MatmulJob {
+                    w: weight(&l.attn_q),
+                    out: &mut ws.q,
+                },
+                MatmulJob {
+                    w: weight(&l.attn_k),
+                    out: &mut ws.k,
+                },
+                MatmulJob {
+                    w: weight(&l.attn_v),
+                    out: &mut ws.v,
+                },
+            ],
+        );
+        for (buf, bias) in [
+            (&mut ws.q, &l.attn_q_bias),
+            (&mut ws.k, &l.attn_k_bias),
+            (&mut ws.v, &l.attn_v_bias),
+        ] {
+            if let Some(b) = bias {
+                for row in buf.chunks_exact_mut(b.len()) {
+                    ops::add_inplace(row, b);
                 }
             }
-            self.rope.apply(&mut ws.q, c.n_heads, &ws.positions);
-            self.rope.apply(&mut ws.k, c.n_kv_heads, &ws.positions);
-            for (t, &slot) in ws.slots.iter().enumerate() {
-                cache.write(
-                    li,
-                    slot,
-                    &ws.k[t * kvd..(t + 1) * kvd],
-                    &ws.v[t * kvd..(t + 1) * kvd],
-                );
-            }
-            let mut token0 = 0;
-            let seqs: Vec<_> = batch
-                .seqs
-                .iter()
-                .map(|s| {
-                    let a = attention::AttnSeq {
-                        token0,
-                        pos0: s.pos0,
-                        n_tokens: s.n_tokens,
-                        decode_from: s.decode_from,
-                        kv: cache.view(li, &batch.block_tables[s.table.clone()]),
-                    };
-                    token0 += s.n_tokens;
-                    a
-                })
-                .collect();
-            attention::attention(pool, shape, &ws.q, &seqs, ws.attn.reset(n, qd));
-            matmul(pool, &mut ws.attn, weight(&l.attn_output), &mut ws.o);
-            ops::add_inplace(&mut ws.x, &ws.o);
-
-            // MLP block.
-            ops::rmsnorm(&ws.x, &l.ffn_norm, c.rms_eps, ws.xn.reset(n, d));
-            matmul_many(
-                pool,
-                &mut ws.xn,
-                &mut [
-                    MatmulJob {
-                        w: weight(&l.ffn_gate),
-                        out: &mut ws.gate,
-                    },
-                    MatmulJob {
-                        w: weight(&l.ffn_up),
-                        out: &mut ws.up,
-                    },
-                ],
-            );
-            ops::silu_mul(&ws.gate, &ws.up, ws.h.reset(n, ff));
-            matmul(pool, &mut ws.h, weight(&l.ffn_down), &mut ws.o);
-            ops::add_inplace(&mut ws.x, &ws.o);
         }
+        self.rope.apply(&mut ws.q, c.n_heads, &ws.positions);
+        self.rope.apply(&mut ws.k, c.n_kv_heads, &ws.positions);
+        for (t, &slot) in ws.slots.iter().enumerate() {
+            cache.write(
+                li,
+                slot,
+                &ws.k[t * kvd..(t + 1) * kvd],
+                &ws.v[t * kvd..(t + 1) * kvd],
+            );
+        }
+        let mut token0 = 0;
+        let seqs: Vec<_> = batch
+            .seqs
+            .iter()
+            .map(|s| {
+                let a = attention::AttnSeq {
+                    token0,
+                    pos0: s.pos0,
+                    n_tokens: s.n_tokens,
+                    decode_from: s.decode_from,
+                    kv: cache.view(li, &batch.block_tables[s.table.clone()]),
+                };
+                token0 += s.n_tokens;
+                a
+            })
+            .collect();
+        attention::attention(pool, shape, &ws.q, &seqs, ws.attn.reset(n, qd));
+        if let Some(f) = capture.as_mut() {
+            f(Site::AttnOutput, &ws.attn.f32);
+        }
+        matmul(pool, &mut ws.attn, weight(&l.attn_output), &mut ws.o);
+        ops::add_inplace(&mut ws.x, &ws.o);
 
+        // MLP block.
+        ops::rmsnorm(&ws.x, &l.ffn_norm, c.rms_eps, ws.xn.reset(n, d));
+        if let Some(f) = capture.as_mut() {
+            f(Site::GateUp, &ws.xn.f32);
+        }
+        matmul_many(
+            pool,
+            &mut ws.xn,
+            &mut [
+                MatmulJob {
+                    w: weight(&l.ffn_gate),
+                    out: &mut ws.gate,
+                },
+                MatmulJob {
+                    w: weight(&l.ffn_up),
+                    out: &mut ws.up,
+                },
+            ],
+        );
+        ops::silu_mul(&ws.gate, &ws.up, ws.h.reset(n, ff));
+        if let Some(f) = capture.as_mut() {
+            f(Site::Down, &ws.h.f32);
+        }
+        matmul(pool, &mut ws.h, weight(&l.ffn_down), &mut ws.o);
+        ops::add_inplace(&mut ws.x, &ws.o);
+    }
+
+    /// The final norm and the LM head over the rows that asked for logits.
+    fn head<'w>(&self, pool: &ThreadPool, ws: &'w mut Workspace) -> &'w [f32] {
+        let c = &self.config;
+        let d = c.d_model;
         let m = ws.logit_rows.len();
         if m == 0 {
             ws.logits.clear();
-            return Ok(&ws.logits);
+            return &ws.logits;
         }
         ws.x_sel.clear();
         for &r in &ws.logit_rows {
@@ -461,6 +527,6 @@ impl Transformer {
         ops::rmsnorm(&ws.x_sel, &self.output_norm, c.rms_eps, ws.xn.reset(m, d));
         ws.logits.resize(m * c.vocab_size, 0.0);
         matmul(pool, &mut ws.xn, weight(&self.output), &mut ws.logits);
-        Ok(&ws.logits[..m * c.vocab_size])
+        &ws.logits[..m * c.vocab_size]
     }
 }

@@ -7,6 +7,8 @@
 //! checkpoint reader; the kernels that run them live in `pagellm-kernels`
 //! (`quant::wq`).
 
+pub mod awq;
+pub mod calib;
 pub mod ct;
 pub mod error;
 pub mod eval;

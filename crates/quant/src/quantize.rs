@@ -5,11 +5,19 @@
 use std::path::Path;
 
 use pagellm_kernels::quant::ActQuant;
-use pagellm_model::hf::write::{for_each_weight, write_checkpoint, OutTensor, WeightKind};
+use pagellm_model::hf::write::{
+    for_each_weight, write_checkpoint, HfWeight, OutTensor, WeightKind,
+};
 use pagellm_model::hf::HfDtype;
 use pagellm_model::loader::LoadedModel;
 use serde::Serialize;
 
+use std::collections::HashMap;
+
+use pagellm_kernels::pool::ThreadPool;
+
+use crate::awq::AwqOptions;
+use crate::calib::{CalibOptions, Calibration};
 use crate::error::{QuantError, Result};
 use crate::rtn::{self, QWeight};
 
@@ -24,6 +32,8 @@ pub enum Method {
     Rtn,
     /// FP8 E4M3 weights, per channel (or per tensor).
     Fp8,
+    /// INT4 per group with zero points, activation-aware scales and clipping.
+    Awq,
 }
 
 impl Method {
@@ -33,6 +43,7 @@ impl Method {
             Method::W8a8 => "w8a8",
             Method::Rtn => "rtn",
             Method::Fp8 => "fp8",
+            Method::Awq => "awq",
         }
     }
 }
@@ -47,6 +58,12 @@ pub struct QuantizeOptions {
     pub zero_point: bool,
     /// FP8 with one scale per tensor instead of per channel.
     pub per_tensor: bool,
+    /// Calibration text, for the methods that need it.
+    pub calib: Option<CalibOptions>,
+    /// Tokens the AWQ scale search measures its loss on.
+    pub awq_search_tokens: usize,
+    /// Threads for calibration and the searches.
+    pub threads: usize,
 }
 
 /// What was written.
@@ -61,7 +78,13 @@ pub struct QuantizeSummary {
 /// Checks the options against the model before any work: group sizes must divide every
 /// linear layer's width.
 pub fn check(model: &LoadedModel, o: &QuantizeOptions) -> Result<()> {
-    if o.method == Method::Rtn {
+    if matches!(o.method, Method::Awq) && o.calib.is_none() {
+        return Err(QuantError::Invalid(format!(
+            "--method {} needs calibration text: give --calib FILE",
+            o.method.name()
+        )));
+    }
+    if matches!(o.method, Method::Rtn | Method::Awq) {
         let g = o.group_size;
         if g == 0 || !g.is_multiple_of(32) {
             return Err(QuantError::Invalid(format!(
@@ -114,6 +137,7 @@ pub fn quantize_matrix(
         Method::W8a8 => rtn::int8_channel(w, rows, cols, ActQuant::PerToken),
         Method::Rtn => rtn::int4_rtn(w, rows, cols, o.group_size, o.zero_point),
         Method::Fp8 => rtn::fp8(w, rows, cols, o.per_tensor),
+        Method::Awq => unreachable!("AWQ quantizes whole layers"),
     })
 }
 
@@ -131,36 +155,49 @@ pub fn quantize_model(
     let mut sample: Option<QWeight> = None;
     let mut linear = 0;
     let mut err = None;
-    let mut last_layer = usize::MAX;
+    let pool = ThreadPool::new(o.threads.max(1));
+    let mut calib = match (&o.calib, o.method) {
+        (Some(c), Method::Awq) => {
+            let windows = crate::calib::windows(model, c)?;
+            Some(Calibration::new(model, &pool, &windows)?)
+        }
+        _ => None,
+    };
+    // A decoder layer's weights, by Hugging Face suffix, until its last one arrives.
+    let mut layer: HashMap<String, HfWeight> = HashMap::new();
+    let mut layer_order: Vec<String> = Vec::new();
     for_each_weight(model, |w| {
-        match w.kind {
-            WeightKind::Linear => {
-                let [rows, cols] = w.shape[..] else {
-                    unreachable!("matrices are 2-D")
-                };
-                let q = quantize_matrix(&w.values, rows, cols, o).map_err(|e| {
-                    err = Some(e);
-                    pagellm_model::ModelError::Other(String::new())
-                })?;
-                let prefix = w
-                    .name
-                    .strip_suffix(".weight")
-                    .expect("linear weights end in .weight");
-                tensors.extend(crate::ct::module_tensors(prefix, &q));
-                linear += 1;
-                sample.get_or_insert(q);
-                let layer = layer_of(&w.name);
-                if layer != last_layer {
-                    if last_layer != usize::MAX {
-                        progress(last_layer + 1, n_layers);
-                    }
-                    last_layer = layer;
+        let Some((li, suffix)) = split_layer(&w.name) else {
+            tensors.push(OutTensor::float(w.name, w.shape, &w.values, HfDtype::Bf16));
+            return Ok(());
+        };
+        let last = suffix == "mlp.down_proj.weight";
+        layer_order.push(suffix.to_string());
+        layer.insert(suffix.to_string(), w);
+        if !last {
+            return Ok(());
+        }
+        let quantized = quantize_layer(&pool, &mut layer, calib.as_mut(), o).map_err(|e| {
+            err = Some(e);
+            pagellm_model::ModelError::Other(String::new())
+        })?;
+        let mut quantized: HashMap<String, QWeight> = quantized.into_iter().collect();
+        for suffix in layer_order.drain(..) {
+            let w = layer.remove(&suffix).expect("buffered");
+            match quantized.remove(&suffix) {
+                Some(q) => {
+                    let prefix = w
+                        .name
+                        .strip_suffix(".weight")
+                        .expect("linear weights end in .weight");
+                    tensors.extend(crate::ct::module_tensors(prefix, &q));
+                    linear += 1;
+                    sample.get_or_insert(q);
                 }
-            }
-            WeightKind::Other => {
-                tensors.push(OutTensor::float(w.name, w.shape, &w.values, HfDtype::Bf16))
+                None => tensors.push(OutTensor::float(w.name, w.shape, &w.values, HfDtype::Bf16)),
             }
         }
+        progress(li + 1, n_layers);
         Ok(())
     })
     .map_err(|e| err.take().unwrap_or(QuantError::Model(e)))?;
@@ -180,10 +217,38 @@ pub fn quantize_model(
     })
 }
 
-/// `model.layers.{i}.…` → i.
-fn layer_of(name: &str) -> usize {
-    name.strip_prefix("model.layers.")
-        .and_then(|r| r.split('.').next())
-        .and_then(|i| i.parse().ok())
-        .unwrap_or(0)
+/// `model.layers.{i}.{suffix}` → (i, suffix).
+fn split_layer(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (i, suffix) = rest.split_once('.')?;
+    Some((i.parse().ok()?, suffix))
+}
+
+/// Quantizes one decoder layer's linear layers (by suffix); AWQ also rescales the
+/// layer's norms in `layer`.
+fn quantize_layer(
+    pool: &ThreadPool,
+    layer: &mut HashMap<String, HfWeight>,
+    calib: Option<&mut Calibration<'_>>,
+    o: &QuantizeOptions,
+) -> Result<Vec<(String, QWeight)>> {
+    if o.method == Method::Awq {
+        let inputs = calib.expect("AWQ has calibration").next_layer();
+        let a = AwqOptions {
+            group_size: o.group_size,
+            search_tokens: o.awq_search_tokens,
+            clip_tokens: 512,
+        };
+        return crate::awq::quantize_layer(pool, layer, inputs, &a);
+    }
+    let mut out = Vec::new();
+    for (suffix, w) in layer.iter() {
+        if w.kind == WeightKind::Linear {
+            let [rows, cols] = w.shape[..] else {
+                unreachable!("matrices are 2-D")
+            };
+            out.push((suffix.clone(), quantize_matrix(&w.values, rows, cols, o)?));
+        }
+    }
+    Ok(out)
 }

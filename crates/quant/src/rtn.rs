@@ -219,7 +219,7 @@ mod tests {
         let (s, z) = int4_params(0.5, 1.5, true);
         assert_eq!(z, 0);
         assert_eq!(s, snap(0.1));
-        assert!(s >= 0.1 && s < 0.1 * 1.004);
+        assert!((0.1..0.1 * 1.004).contains(&s));
         assert_eq!(int4_quant(1.5, s, z), 15);
         let (s, z) = int4_params(-1.5, -0.5, true);
         assert_eq!(z, 15);

@@ -14,6 +14,9 @@ pub enum MethodArg {
     Rtn,
     /// FP8 E4M3 weights per channel (compressed-tensors naive-quantized).
     Fp8,
+    /// INT4 per group with zero points, activation-aware scales and clipping searched on
+    /// --calib text (AutoAWQ's method).
+    Awq,
 }
 
 #[derive(clap::Args)]
@@ -36,6 +39,22 @@ pub struct Args {
     /// FP8 with one scale for the whole tensor instead of one per channel.
     #[arg(long)]
     per_tensor: bool,
+    /// Calibration text (AWQ).
+    #[arg(long)]
+    calib: Option<PathBuf>,
+    /// Calibration windows taken from the text, evenly spaced.
+    #[arg(long, default_value_t = 32)]
+    calib_samples: usize,
+    /// Tokens per calibration window.
+    #[arg(long, default_value_t = 512)]
+    calib_seq_len: usize,
+    /// Tokens the AWQ scale search measures its loss on (a subsample of the
+    /// calibration tokens).
+    #[arg(long, default_value_t = 1024)]
+    awq_search_tokens: usize,
+    /// Worker threads (0 = one per core).
+    #[arg(short, long, default_value_t = 0)]
+    threads: usize,
     /// No progress bar.
     #[arg(short, long)]
     quiet: bool,
@@ -49,12 +68,34 @@ pub fn run(a: Args) -> Result<()> {
         MethodArg::W8a8 => Method::W8a8,
         MethodArg::Rtn => Method::Rtn,
         MethodArg::Fp8 => Method::Fp8,
+        MethodArg::Awq => Method::Awq,
+    };
+    let calib = a
+        .calib
+        .as_ref()
+        .map(|p| -> Result<_> {
+            Ok(pagellm_quant::calib::CalibOptions {
+                text: std::fs::read_to_string(p)
+                    .with_context(|| format!("--calib {}", p.display()))?,
+                source: p.display().to_string(),
+                samples: a.calib_samples,
+                seq_len: a.calib_seq_len,
+            })
+        })
+        .transpose()?;
+    let threads = if a.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        a.threads
     };
     let o = QuantizeOptions {
         method,
         group_size: a.group_size,
         zero_point: a.zero_point,
         per_tensor: a.per_tensor,
+        calib,
+        awq_search_tokens: a.awq_search_tokens,
+        threads,
     };
     let bar = super::eval::layer_bar(a.quiet, "layers");
     let summary = quantize_model(&model, &o, &a.out, |done, total| {
