@@ -24,12 +24,12 @@ use std::collections::HashMap;
 
 use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
-use pagellm_kernels::quant::{ActQuant, GgmlType, QuantParams};
+use pagellm_kernels::quant::GgmlType;
 use pagellm_model::hf::write::HfWeight;
 
 use crate::calib::LayerInputs;
 use crate::error::Result;
-use crate::rtn::{int4_quant, pack_u4, round, QWeight};
+use crate::rtn::{int4_groups, int4_quant, round, QWeight};
 
 /// Options of the AWQ search.
 #[derive(Debug, Clone)]
@@ -65,33 +65,7 @@ fn awq_params(seg: &[f32]) -> (f32, u8) {
 
 /// INT4 with zero points, AutoAWQ's formulas.
 pub fn quantize_awq(w: &[f32], rows: usize, cols: usize, group: usize) -> QWeight {
-    let ng = cols / group;
-    let mut q = vec![0u8; rows * cols];
-    let mut scales = vec![0f32; rows * ng];
-    let mut zeros = vec![0u8; rows * ng];
-    for r in 0..rows {
-        for g in 0..ng {
-            let o = r * cols + g * group;
-            let (s, z) = awq_params(&w[o..o + group]);
-            scales[r * ng + g] = s;
-            zeros[r * ng + g] = z;
-            for e in 0..group {
-                q[o + e] = int4_quant(w[o + e], s, z);
-            }
-        }
-    }
-    QWeight {
-        ty: GgmlType::U4,
-        rows,
-        cols,
-        data: pack_u4(&q),
-        params: QuantParams {
-            group,
-            scales,
-            zeros: Some(zeros),
-            act: ActQuant::Block32,
-        },
-    }
+    int4_groups(w, rows, cols, group, true, awq_params)
 }
 
 /// Quantizes and dequantizes in place (the "pseudo-quantized" weight).

@@ -132,22 +132,34 @@ pub fn pack_u4(q: &[u8]) -> Vec<u8> {
 
 /// INT4 round-to-nearest per group of `group` columns.
 pub fn int4_rtn(w: &[f32], rows: usize, cols: usize, group: usize, zero_point: bool) -> QWeight {
+    int4_groups(w, rows, cols, group, zero_point, |seg| {
+        let (min, max) = seg
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        int4_params(min, max, zero_point)
+    })
+}
+
+/// INT4 per group of `group` columns with each group's (scale, zero) from `params`;
+/// `zero_point` says whether the zeros are stored (otherwise they must all be 8).
+pub fn int4_groups(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    group: usize,
+    zero_point: bool,
+    params: impl Fn(&[f32]) -> (f32, u8),
+) -> QWeight {
     let ng = cols / group;
     let mut q = vec![0u8; rows * cols];
     let mut scales = vec![0f32; rows * ng];
     let mut zeros = vec![0u8; rows * ng];
-    for r in 0..rows {
-        for g in 0..ng {
-            let seg = &w[r * cols + g * group..r * cols + (g + 1) * group];
-            let (min, max) = seg
-                .iter()
-                .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-            let (s, z) = int4_params(min, max, zero_point);
-            scales[r * ng + g] = s;
-            zeros[r * ng + g] = z;
-            for (e, &v) in seg.iter().enumerate() {
-                q[r * cols + g * group + e] = int4_quant(v, s, z);
-            }
+    for (i, seg) in w.chunks_exact(group).enumerate() {
+        let (s, z) = params(seg);
+        scales[i] = s;
+        zeros[i] = z;
+        for (e, &v) in seg.iter().enumerate() {
+            q[i * group + e] = int4_quant(v, s, z);
         }
     }
     QWeight {
