@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # What the tests run against besides the workspace: the official OpenAI SDK, and a real
 # redis-server (the gateway's shared rate limits).
-python3 -m pip install --quiet --disable-pip-version-check openai \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai
+# numpy for the independent packer of the quantized checkpoint layouts.
+python3 -m pip install --quiet --disable-pip-version-check openai numpy \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai numpy
 if ! command -v redis-server >/dev/null; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
@@ -20,6 +21,9 @@ for m in smollm2-135m qwen2.5-coder-0.5b; do
     target/release/pagellm models pull "$m"
 done
 cargo test --workspace --release
+# AutoAWQ, GPTQ and compressed-tensors checkpoints packed by an independent script
+# (scripts/pack_reference.py) load and equal their dequantized weights.
+python3 scripts/packed_formats_e2e.py --pagellm target/release/pagellm
 # The OpenAI API as the official Python SDK sees it (pip install openai).
 python3 scripts/openai_conformance.py --pagellm target/release/pagellm --model smollm2-135m
 # The gateway in front of real replicas: many models through one URL with the SDK, and a

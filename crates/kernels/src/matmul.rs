@@ -82,6 +82,10 @@ pub struct Activations {
     tok: Vec<i8>,
     tok_scales: Vec<f32>,
     tok_valid: bool,
+    /// The column order the quantized copies are made in (an act-order weight's
+    /// `perm`), and `f32` gathered into it.
+    order: Option<Vec<u32>>,
+    gathered: Vec<f32>,
 }
 
 impl Activations {
@@ -98,6 +102,8 @@ impl Activations {
             tok: Vec::new(),
             tok_scales: Vec::new(),
             tok_valid: false,
+            order: None,
+            gathered: Vec::new(),
         }
     }
 
@@ -109,8 +115,27 @@ impl Activations {
         self.q8_valid = false;
         self.q8k_valid = false;
         self.tok_valid = false;
+        self.order = None;
         self.f32.resize(n_rows * cols, 0.0);
         &mut self.f32[..n_rows * cols]
+    }
+
+    /// Makes the quantized copies in column order `order` (input order for `None`).
+    fn set_order(&mut self, order: Option<&[u32]>) {
+        if self.order.as_deref() == order {
+            return;
+        }
+        self.q8_valid = false;
+        self.q8k_valid = false;
+        self.tok_valid = false;
+        self.order = order.map(<[u32]>::to_vec);
+        if let Some(o) = order {
+            assert_eq!(o.len(), self.cols, "act order of the wrong width");
+            self.gathered.clear();
+            for row in self.f32.chunks_exact(self.cols) {
+                self.gathered.extend(o.iter().map(|&c| row[c as usize]));
+            }
+        }
     }
 
     /// Makes the quantized copy that kernel `k` consumes, if not made yet.
@@ -129,8 +154,12 @@ impl Activations {
         }
         self.tok.resize(self.n_rows * self.cols, 0);
         self.tok_scales.resize(self.n_rows, 0.0);
-        for ((x, q), s) in self
-            .f32
+        let src = if self.order.is_some() {
+            &self.gathered
+        } else {
+            &self.f32
+        };
+        for ((x, q), s) in src
             .chunks_exact(self.cols)
             .zip(self.tok.chunks_exact_mut(self.cols))
             .zip(self.tok_scales.iter_mut())
@@ -151,8 +180,12 @@ impl Activations {
         );
         let nb = self.cols / 32;
         self.q8.resize(self.n_rows * nb, BlockQ8::default());
-        for (x, q) in self
-            .f32
+        let src = if self.order.is_some() {
+            &self.gathered
+        } else {
+            &self.f32
+        };
+        for (x, q) in src
             .chunks_exact(self.cols)
             .zip(self.q8.chunks_exact_mut(nb))
         {
@@ -181,8 +214,12 @@ impl Activations {
         );
         let nb = self.cols / 256;
         self.q8k.resize(self.n_rows * nb, BlockQ8K::default());
-        for (x, q) in self
-            .f32
+        let src = if self.order.is_some() {
+            &self.gathered
+        } else {
+            &self.f32
+        };
+        for (x, q) in src
             .chunks_exact(self.cols)
             .zip(self.q8k.chunks_exact_mut(nb))
         {
@@ -216,6 +253,17 @@ pub fn matmul(pool: &ThreadPool, x: &mut Activations, w: WeightRef<'_>, out: &mu
 /// so the threads meet at one barrier instead of one per weight.
 pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob<'_, '_>]) {
     let n = x.n_rows;
+    // Act-order weights take their input gathered into their column order; jobs sharing
+    // one input share one order.
+    let order = jobs
+        .first()
+        .and_then(|j| j.w.params.and_then(|p| p.perm.as_deref()));
+    assert!(
+        jobs.iter()
+            .all(|j| j.w.params.and_then(|p| p.perm.as_deref()) == order),
+        "weights sharing an input must share their act order"
+    );
+    x.set_order(order);
     for j in jobs.iter() {
         assert_eq!(
             j.w.cols, x.cols,

@@ -18,15 +18,24 @@ enum Fmt {
     W8A8,
     U4Sym,
     U4Zero,
+    /// With zero points and an act order (GPTQ `desc_act`).
+    U4Act,
     F8,
 }
 
-const FMTS: [Fmt; 5] = [Fmt::I8, Fmt::W8A8, Fmt::U4Sym, Fmt::U4Zero, Fmt::F8];
+const FMTS: [Fmt; 6] = [
+    Fmt::I8,
+    Fmt::W8A8,
+    Fmt::U4Sym,
+    Fmt::U4Zero,
+    Fmt::U4Act,
+    Fmt::F8,
+];
 
 fn ty(f: Fmt) -> GgmlType {
     match f {
         Fmt::I8 | Fmt::W8A8 => GgmlType::I8,
-        Fmt::U4Sym | Fmt::U4Zero => GgmlType::U4,
+        Fmt::U4Sym | Fmt::U4Zero | Fmt::U4Act => GgmlType::U4,
         Fmt::F8 => GgmlType::F8E4M3,
     }
 }
@@ -53,17 +62,26 @@ fn weight(
     let group = if t == GgmlType::U4 { group } else { cols };
     let n = rows * cols / group;
     let scales = (0..n).map(|_| rng.gen_range(0.001f32..0.05)).collect();
-    let zeros = matches!(f, Fmt::U4Zero).then(|| (0..n).map(|_| rng.gen_range(0..16u8)).collect());
+    let zeros = matches!(f, Fmt::U4Zero | Fmt::U4Act)
+        .then(|| (0..n).map(|_| rng.gen_range(0..16u8)).collect());
     let act = if matches!(f, Fmt::W8A8) {
         ActQuant::PerToken
     } else {
         ActQuant::Block32
     };
+    let perm = matches!(f, Fmt::U4Act).then(|| {
+        let mut p: Vec<u32> = (0..cols as u32).collect();
+        for i in (1..cols).rev() {
+            p.swap(i, rng.gen_range(0..=i));
+        }
+        p
+    });
     let p = QuantParams {
         group,
         scales,
         zeros,
         act,
+        perm,
     };
     p.check(t, rows, cols).unwrap();
     (data, p)
@@ -137,8 +155,10 @@ proptest! {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         // U4 groups of 32, 64 or 128 that divide the width.
         let group = [32, 64, 128][gsel];
-        let cols = if matches!(f, Fmt::U4Sym | Fmt::U4Zero) { chunks.div_ceil(group / 32) * group } else { chunks * 32 };
+        let cols = if ty(f) == GgmlType::U4 { chunks.div_ceil(group / 32) * group } else { chunks * 32 };
         let (w, p) = weight(f, &mut rng, 1, cols, group);
+        // The dot kernels work in stored order; the act order is the driver's (below).
+        let p = QuantParams { perm: None, ..p };
         let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-3f32..3.0)).collect();
         let (fast, slow) = both(f, &w, &p, 0, cols, &x, n);
         for i in 0..n {

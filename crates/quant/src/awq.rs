@@ -29,7 +29,7 @@ use pagellm_model::hf::write::HfWeight;
 
 use crate::calib::LayerInputs;
 use crate::error::Result;
-use crate::rtn::{int4_groups, int4_quant, round, QWeight};
+use crate::rtn::{int4_groups, int4_quant, round, snap_f16, QWeight};
 
 /// Options of the AWQ search.
 #[derive(Debug, Clone)]
@@ -43,22 +43,12 @@ pub struct AwqOptions {
 
 const N_GRID: usize = 20;
 
-/// Rounds a positive scale up to an f16.
-fn snap16(s: f32) -> f32 {
-    let h = half::f16::from_f32(s);
-    if h.to_f32() >= s {
-        h.to_f32()
-    } else {
-        half::f16::from_bits(h.to_bits() + 1).to_f32()
-    }
-}
-
 /// AutoAWQ's scale and zero point of one group (no widening to include 0).
 fn awq_params(seg: &[f32]) -> (f32, u8) {
     let (min, max) = seg
         .iter()
         .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-    let s = snap16((max - min).max(1e-5) / 15.0);
+    let s = snap_f16((max - min).max(1e-5) / 15.0);
     let z = (-round(min / s)).clamp(0.0, 15.0) as u8;
     (s, z)
 }

@@ -17,8 +17,9 @@ use std::collections::HashMap;
 use pagellm_kernels::pool::ThreadPool;
 
 use crate::awq::AwqOptions;
-use crate::calib::{CalibOptions, Calibration};
+use crate::calib::{CalibOptions, Calibration, LayerInputs};
 use crate::error::{QuantError, Result};
+use crate::gptq::GptqOptions;
 use crate::rtn::{self, QWeight};
 
 /// A quantization method (`--method`).
@@ -34,6 +35,8 @@ pub enum Method {
     Fp8,
     /// INT4 per group with zero points, activation-aware scales and clipping.
     Awq,
+    /// INT4 per group from the Hessian of the calibration inputs.
+    Gptq,
 }
 
 impl Method {
@@ -44,7 +47,16 @@ impl Method {
             Method::Rtn => "rtn",
             Method::Fp8 => "fp8",
             Method::Awq => "awq",
+            Method::Gptq => "gptq",
         }
+    }
+
+    fn needs_calibration(self) -> bool {
+        matches!(self, Method::Awq | Method::Gptq)
+    }
+
+    fn is_int4(self) -> bool {
+        matches!(self, Method::Rtn | Method::Awq | Method::Gptq)
     }
 }
 
@@ -62,6 +74,10 @@ pub struct QuantizeOptions {
     pub calib: Option<CalibOptions>,
     /// Tokens the AWQ scale search measures its loss on.
     pub awq_search_tokens: usize,
+    /// GPTQ: quantize columns by decreasing Hessian diagonal (`desc_act`).
+    pub act_order: bool,
+    /// GPTQ: dampening as a fraction of the mean Hessian diagonal.
+    pub damp: f32,
     /// Threads for calibration and the searches.
     pub threads: usize,
 }
@@ -78,13 +94,43 @@ pub struct QuantizeSummary {
 /// Checks the options against the model before any work: group sizes must divide every
 /// linear layer's width.
 pub fn check(model: &LoadedModel, o: &QuantizeOptions) -> Result<()> {
-    if matches!(o.method, Method::Awq) && o.calib.is_none() {
+    if o.method.needs_calibration() && o.calib.is_none() {
         return Err(QuantError::Invalid(format!(
             "--method {} needs calibration text: give --calib FILE",
             o.method.name()
         )));
     }
-    if matches!(o.method, Method::Rtn | Method::Awq) {
+    if o.act_order && o.method != Method::Gptq {
+        return Err(QuantError::Invalid(format!(
+            "--act-order applies to --method gptq, not {}",
+            o.method.name()
+        )));
+    }
+    if o.method == Method::Gptq && !(o.damp > 0.0 && o.damp < 1.0) {
+        return Err(QuantError::Invalid(format!(
+            "--damp {} is not in (0, 1)",
+            o.damp
+        )));
+    }
+    if matches!(o.method, Method::Awq | Method::Gptq) {
+        // AutoAWQ's and GPTQ's layouts pack eight outputs to a word.
+        let c = &model.transformer.config;
+        for (what, width) in [
+            ("hidden size", c.d_model),
+            ("intermediate size", c.d_ff),
+            ("attention width", c.q_dim()),
+            ("key/value width", c.kv_dim()),
+        ] {
+            if !width.is_multiple_of(8) {
+                return Err(QuantError::Invalid(format!(
+                    "--method {}: the model's {what} of {width} is not a multiple of 8, \
+                     which the checkpoint layout needs",
+                    o.method.name()
+                )));
+            }
+        }
+    }
+    if o.method.is_int4() {
         let g = o.group_size;
         if g == 0 || !g.is_multiple_of(32) {
             return Err(QuantError::Invalid(format!(
@@ -137,7 +183,7 @@ pub fn quantize_matrix(
         Method::W8a8 => rtn::int8_channel(w, rows, cols, ActQuant::PerToken),
         Method::Rtn => rtn::int4_rtn(w, rows, cols, o.group_size, o.zero_point),
         Method::Fp8 => rtn::fp8(w, rows, cols, o.per_tensor),
-        Method::Awq => unreachable!("AWQ quantizes whole layers"),
+        Method::Awq | Method::Gptq => unreachable!("calibrated methods quantize whole layers"),
     })
 }
 
@@ -156,19 +202,24 @@ pub fn quantize_model(
     let mut linear = 0;
     let mut err = None;
     let pool = ThreadPool::new(o.threads.max(1));
-    let mut calib = match (&o.calib, o.method) {
-        (Some(c), Method::Awq) => {
+    let mut calib = match &o.calib {
+        Some(c) if o.method.needs_calibration() => {
             let windows = crate::calib::windows(model, c)?;
             Some(Calibration::new(model, &pool, &windows)?)
         }
         _ => None,
+    };
+    // AutoAWQ and GPTQ checkpoints are float16 models.
+    let float = match o.method {
+        Method::Awq | Method::Gptq => HfDtype::F16,
+        _ => HfDtype::Bf16,
     };
     // A decoder layer's weights, by Hugging Face suffix, until its last one arrives.
     let mut layer: HashMap<String, HfWeight> = HashMap::new();
     let mut layer_order: Vec<String> = Vec::new();
     for_each_weight(model, |w| {
         let Some((li, suffix)) = split_layer(&w.name) else {
-            tensors.push(OutTensor::float(w.name, w.shape, &w.values, HfDtype::Bf16));
+            tensors.push(OutTensor::float(w.name, w.shape, &w.values, float));
             return Ok(());
         };
         let last = suffix == "mlp.down_proj.weight";
@@ -190,11 +241,15 @@ pub fn quantize_model(
                         .name
                         .strip_suffix(".weight")
                         .expect("linear weights end in .weight");
-                    tensors.extend(crate::ct::module_tensors(prefix, &q));
+                    tensors.extend(match o.method {
+                        Method::Awq => crate::packed::awq_tensors(prefix, &q),
+                        Method::Gptq => crate::packed::gptq_tensors(prefix, &q),
+                        _ => crate::ct::module_tensors(prefix, &q),
+                    });
                     linear += 1;
                     sample.get_or_insert(q);
                 }
-                None => tensors.push(OutTensor::float(w.name, w.shape, &w.values, HfDtype::Bf16)),
+                None => tensors.push(OutTensor::float(w.name, w.shape, &w.values, float)),
             }
         }
         progress(li + 1, n_layers);
@@ -204,8 +259,14 @@ pub fn quantize_model(
     progress(n_layers, n_layers);
     let sample =
         sample.ok_or_else(|| QuantError::Invalid("the model has no linear layers".into()))?;
-    let config = crate::ct::quantization_config(&sample);
-    write_checkpoint(out_dir, model, &tensors, HfDtype::Bf16, Some(config))?;
+    let config = match o.method {
+        Method::Awq => crate::packed::awq_config(o.group_size),
+        Method::Gptq => {
+            crate::packed::gptq_config(o.group_size, !o.zero_point, o.act_order, o.damp)
+        }
+        _ => crate::ct::quantization_config(&sample),
+    };
+    write_checkpoint(out_dir, model, &tensors, float, Some(config))?;
     let bytes_on_disk = std::fs::metadata(out_dir.join("model.safetensors"))
         .map(|m| m.len())
         .unwrap_or(0);
@@ -215,6 +276,43 @@ pub fn quantize_model(
         bytes_on_disk,
         seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// GPTQ of one decoder layer: one Hessian per input (Q, K and V share theirs, as do gate
+/// and up), each linear layer solved against its input's.
+fn gptq_layer(
+    layer: &HashMap<String, HfWeight>,
+    x: &LayerInputs,
+    g: &GptqOptions,
+    threads: usize,
+) -> Result<Vec<(String, QWeight)>> {
+    let n = x.tokens;
+    let mut out = Vec::new();
+    for (input, names) in [
+        (
+            &x.qkv,
+            &[
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+            ][..],
+        ),
+        (&x.attn_output, &["self_attn.o_proj.weight"][..]),
+        (
+            &x.gate_up,
+            &["mlp.gate_proj.weight", "mlp.up_proj.weight"][..],
+        ),
+        (&x.down, &["mlp.down_proj.weight"][..]),
+    ] {
+        let cols = layer[names[0]].shape[1];
+        let h = crate::gptq::hessian(input, n, cols, threads);
+        for name in names {
+            let w = &layer[*name];
+            let q = crate::gptq::quantize(&w.values, w.shape[0], cols, &h, g, threads, &w.name)?;
+            out.push((name.to_string(), q));
+        }
+    }
+    Ok(out)
 }
 
 /// `model.layers.{i}.{suffix}` → (i, suffix).
@@ -240,6 +338,16 @@ fn quantize_layer(
             clip_tokens: 512,
         };
         return crate::awq::quantize_layer(pool, layer, inputs, &a);
+    }
+    if o.method == Method::Gptq {
+        let inputs = calib.expect("GPTQ has calibration").next_layer();
+        let g = GptqOptions {
+            group_size: o.group_size,
+            zero_point: o.zero_point,
+            act_order: o.act_order,
+            damp: o.damp,
+        };
+        return gptq_layer(layer, &inputs, &g, o.threads);
     }
     let mut out = Vec::new();
     for (suffix, w) in layer.iter() {

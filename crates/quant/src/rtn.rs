@@ -29,6 +29,18 @@ pub fn snap(s: f32) -> f32 {
     }
 }
 
+/// Rounds a positive scale up to an f16, the dtype AutoAWQ and GPTQ checkpoints store
+/// scales in.
+#[inline]
+pub fn snap_f16(s: f32) -> f32 {
+    let h = half::f16::from_f32(s);
+    if h.to_f32() >= s {
+        h.to_f32()
+    } else {
+        half::f16::from_bits(h.to_bits() + 1).to_f32()
+    }
+}
+
 /// Rounds half to even, as `torch.round` does.
 #[inline]
 pub fn round(v: f32) -> f32 {
@@ -172,6 +184,7 @@ pub fn int4_groups(
             scales,
             zeros: zero_point.then_some(zeros),
             act: ActQuant::Block32,
+            perm: None,
         },
     }
 }

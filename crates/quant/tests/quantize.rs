@@ -20,6 +20,8 @@ fn opts(method: Method, group_size: usize, zero_point: bool) -> QuantizeOptions 
         per_tensor: false,
         calib: None,
         awq_search_tokens: 256,
+        act_order: false,
+        damp: 0.01,
         threads: 2,
     }
 }
@@ -49,20 +51,26 @@ fn every_method_round_trips_and_stays_close() {
     let tokens: Vec<u32> = (0..24).map(|i| (i * 7 % 37) as u32).collect();
     let want = logits(&src, &tokens);
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let mut awq = opts(Method::Awq, 32, true);
-    awq.calib = Some(CalibOptions {
-        text: calib_text(),
-        source: "test".into(),
-        samples: 4,
-        seq_len: 32,
-    });
+    let calibrated = |method, zero_point, act_order| {
+        let mut o = opts(method, 32, zero_point);
+        o.calib = Some(CalibOptions {
+            text: calib_text(),
+            source: "test".into(),
+            samples: 4,
+            seq_len: 32,
+        });
+        o.act_order = act_order;
+        o
+    };
     for (name, o, tol) in [
         ("int8", opts(Method::Int8, 128, false), 0.02),
         ("w8a8", opts(Method::W8a8, 128, false), 0.05),
         ("fp8", opts(Method::Fp8, 128, false), 0.08),
         ("rtn", opts(Method::Rtn, 32, false), 0.3),
         ("rtn-zp", opts(Method::Rtn, 32, true), 0.3),
-        ("awq", awq, 0.3),
+        ("awq", calibrated(Method::Awq, true, false), 0.3),
+        ("gptq", calibrated(Method::Gptq, false, false), 0.3),
+        ("gptq-act-zp", calibrated(Method::Gptq, true, true), 0.3),
     ] {
         let out = tmp.path().join(name);
         let summary = quantize_model(&model, &o, &out, |_, _| {}).unwrap();
@@ -70,16 +78,26 @@ fn every_method_round_trips_and_stays_close() {
         let config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
                 .unwrap();
-        assert_eq!(
-            config["quantization_config"]["quant_method"], "compressed-tensors",
-            "{name}"
-        );
+        let qc = &config["quantization_config"];
+        let want_method = match o.method {
+            Method::Awq => "awq",
+            Method::Gptq => "gptq",
+            _ => "compressed-tensors",
+        };
+        assert_eq!(qc["quant_method"], want_method, "{name}");
+        if o.method == Method::Gptq {
+            assert_eq!(qc["desc_act"], o.act_order, "{name}");
+            assert_eq!(qc["sym"], !o.zero_point, "{name}");
+        }
         let q = load_model(out.to_str().unwrap()).unwrap();
         let l = &q.transformer.layers[0];
         assert!(l.ffn_down.ty.has_params(), "{name}: {:?}", l.ffn_down.ty);
+        let p = l.ffn_down.params().unwrap();
+        assert_eq!(p.perm.is_some(), o.act_order, "{name}");
+        assert_eq!(p.zeros.is_some(), o.zero_point, "{name}");
         // The loaded weight is exactly what the quantizer produced (formats round-trip),
         // for the methods without calibration: quantizing the float weight again.
-        if !matches!(o.method, Method::Awq) {
+        if !matches!(o.method, Method::Awq | Method::Gptq) {
             let w = model.transformer.layers[0].ffn_down.to_f32();
             let (rows, cols) = (l.ffn_down.rows(), l.ffn_down.cols());
             let again = pagellm_quant::quantize::quantize_matrix(&w, rows, cols, &o).unwrap();
@@ -277,9 +295,73 @@ fn bad_checkpoints_name_the_tensor_or_field() {
             "model.layers.0.mlp.gate_proj.weight",
         ),
     ];
-    for (name, method, edit, needle) in cases {
+    let tensor = |t: &mut Tensors, name: &str| t.iter().position(|x| x.0 == name).unwrap();
+    let packed: Vec<(&str, Method, Box<Edit>, &str)> = vec![
+        (
+            "awq-missing-scales",
+            Method::Awq,
+            Box::new(|t, _| t.retain(|x| x.0 != "model.layers.1.mlp.up_proj.scales")),
+            "model.layers.1.mlp.up_proj.scales",
+        ),
+        (
+            "awq-wrong-zeros",
+            Method::Awq,
+            Box::new(move |t, _| {
+                let i = tensor(t, "model.layers.0.mlp.gate_proj.qzeros");
+                t[i].2 = vec![t[i].2[0] * 2, t[i].2[1] / 2];
+            }),
+            "model.layers.0.mlp.gate_proj.qzeros",
+        ),
+        (
+            "awq-version",
+            Method::Awq,
+            Box::new(|_, c| c["quantization_config"]["version"] = "gemv".into()),
+            "awq version `gemv`",
+        ),
+        (
+            "gptq-bits",
+            Method::Gptq,
+            Box::new(|_, c| c["quantization_config"]["bits"] = 3.into()),
+            "`bits` Some(3)",
+        ),
+        (
+            "gptq-group-size",
+            Method::Gptq,
+            Box::new(|_, c| c["quantization_config"]["group_size"] = 64.into()),
+            "but group_size is 64",
+        ),
+        (
+            "gptq-act-order-without-g-idx",
+            Method::Gptq,
+            Box::new(|t, c| {
+                c["quantization_config"]["desc_act"] = true.into();
+                t.retain(|x| x.0 != "model.layers.0.self_attn.k_proj.g_idx");
+            }),
+            "model.layers.0.self_attn.k_proj.g_idx",
+        ),
+        (
+            "gptq-uneven-g-idx",
+            Method::Gptq,
+            Box::new(move |t, _| {
+                let i = tensor(t, "model.layers.1.mlp.down_proj.g_idx");
+                // Input 0 moved to group 1: group 0 is one short.
+                t[i].3[..4].copy_from_slice(&1i32.to_le_bytes());
+            }),
+            "group 0 does not hold exactly 32 inputs",
+        ),
+    ];
+    for (name, method, edit, needle) in cases.into_iter().chain(packed) {
         let dir = tmp.path().join(name);
-        quantize_model(&model, &opts(method, 32, false), &dir, |_, _| {}).unwrap();
+        let mut o = opts(method, 32, false);
+        if matches!(method, Method::Awq | Method::Gptq) {
+            o.calib = Some(CalibOptions {
+                text: calib_text(),
+                source: "test".into(),
+                samples: 2,
+                seq_len: 32,
+            });
+        }
+        quantize_model(&model, &o, &dir, |_, _| {}).unwrap();
         edit_checkpoint(&dir, |t, c| edit(t, c));
         let e = match load_model(dir.to_str().unwrap()) {
             Ok(_) => panic!("{name}: a broken checkpoint loaded"),

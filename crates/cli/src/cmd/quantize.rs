@@ -15,8 +15,11 @@ pub enum MethodArg {
     /// FP8 E4M3 weights per channel (compressed-tensors naive-quantized).
     Fp8,
     /// INT4 per group with zero points, activation-aware scales and clipping searched on
-    /// --calib text (AutoAWQ's method).
+    /// --calib text (AutoAWQ's method; AutoAWQ GEMM layout).
     Awq,
+    /// INT4 per group from the Hessian of the --calib activations, with error feedback
+    /// (GPTQ; GPTQ's layout, symmetric unless --zero-point).
+    Gptq,
 }
 
 #[derive(clap::Args)]
@@ -39,7 +42,14 @@ pub struct Args {
     /// FP8 with one scale for the whole tensor instead of one per channel.
     #[arg(long)]
     per_tensor: bool,
-    /// Calibration text (AWQ).
+    /// GPTQ: quantize columns by decreasing Hessian diagonal (desc_act, stored with
+    /// g_idx).
+    #[arg(long)]
+    act_order: bool,
+    /// GPTQ: dampening added to the Hessian diagonal, as a fraction of its mean.
+    #[arg(long, default_value_t = 0.01)]
+    damp: f32,
+    /// Calibration text (AWQ, GPTQ).
     #[arg(long)]
     calib: Option<PathBuf>,
     /// Calibration windows taken from the text, evenly spaced.
@@ -69,6 +79,7 @@ pub fn run(a: Args) -> Result<()> {
         MethodArg::Rtn => Method::Rtn,
         MethodArg::Fp8 => Method::Fp8,
         MethodArg::Awq => Method::Awq,
+        MethodArg::Gptq => Method::Gptq,
     };
     let calib = a
         .calib
@@ -95,6 +106,8 @@ pub fn run(a: Args) -> Result<()> {
         per_tensor: a.per_tensor,
         calib,
         awq_search_tokens: a.awq_search_tokens,
+        act_order: a.act_order,
+        damp: a.damp,
         threads,
     };
     let bar = super::eval::layer_bar(a.quiet, "layers");

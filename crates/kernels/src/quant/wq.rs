@@ -52,6 +52,11 @@ pub struct QuantParams {
     pub zeros: Option<Vec<u8>>,
     /// Activation quantization (`I8` only).
     pub act: ActQuant,
+    /// Act-order (GPTQ `desc_act`): the weight's columns are stored in this order, so
+    /// stored column `j` multiplies input element `perm[j]`; the groups are contiguous
+    /// in stored order. The matmul gathers the input into that order before
+    /// quantizing it; dequantized rows come back in input order.
+    pub perm: Option<Vec<u32>>,
 }
 
 impl QuantParams {
@@ -62,6 +67,7 @@ impl QuantParams {
             scales,
             zeros: None,
             act,
+            perm: None,
         }
     }
 
@@ -111,6 +117,18 @@ impl QuantParams {
             }
             if let Some(bad) = z.iter().find(|&&z| z > 15) {
                 return Err(format!("zero point {bad} does not fit in 4 bits"));
+            }
+        }
+        if let Some(p) = &self.perm {
+            if p.len() != cols {
+                return Err(format!("act order of {} columns for {cols}", p.len()));
+            }
+            let mut seen = vec![false; cols];
+            for &c in p {
+                match seen.get_mut(c as usize) {
+                    Some(s) if !*s => *s = true,
+                    _ => return Err(format!("act order is not a permutation (column {c})")),
+                }
             }
         }
         if self.act == ActQuant::PerToken && ty != GgmlType::I8 {
@@ -174,8 +192,22 @@ pub fn u4_at(row: &[u8], e: usize) -> u8 {
     (row[e / 2] >> (4 * (e % 2))) & 0xF
 }
 
-/// Dequantizes row `r` (`src`, its element data) of an `I8`, `U4` or `F8E4M3` weight.
+/// Dequantizes row `r` (`src`, its element data) of an `I8`, `U4` or `F8E4M3` weight,
+/// in input order (an act-order row is scattered back through `p.perm`).
 pub fn dequantize_row_wq(ty: GgmlType, p: &QuantParams, r: usize, src: &[u8], dst: &mut [f32]) {
+    match &p.perm {
+        None => dequantize_stored(ty, p, r, src, dst),
+        Some(perm) => {
+            let mut stored = vec![0f32; dst.len()];
+            dequantize_stored(ty, p, r, src, &mut stored);
+            for (&c, v) in perm.iter().zip(stored) {
+                dst[c as usize] = v;
+            }
+        }
+    }
+}
+
+fn dequantize_stored(ty: GgmlType, p: &QuantParams, r: usize, src: &[u8], dst: &mut [f32]) {
     let cols = dst.len();
     let s = p.row_scales(r, cols);
     match ty {
@@ -392,6 +424,7 @@ mod tests {
             scales: vec![1.0; 4],
             zeros: None,
             act: ActQuant::Block32,
+            perm: None,
         };
         let e = p.check(GgmlType::U4, 2, 96).unwrap_err();
         assert!(e.contains("group size 48"), "{e}");
@@ -404,5 +437,14 @@ mod tests {
             ..p
         };
         assert!(p.check(GgmlType::U4, 2, 96).unwrap_err().contains("4 bits"));
+        let mut perm: Vec<u32> = (0..96).collect();
+        perm[5] = 4;
+        let p = QuantParams {
+            zeros: None,
+            perm: Some(perm),
+            ..p
+        };
+        let e = p.check(GgmlType::U4, 2, 96).unwrap_err();
+        assert!(e.contains("not a permutation (column 4)"), "{e}");
     }
 }

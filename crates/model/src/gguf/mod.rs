@@ -7,6 +7,7 @@
 //! produces a [`ModelError::Gguf`] naming what is wrong and where, never a panic.
 
 mod parse;
+pub mod write;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

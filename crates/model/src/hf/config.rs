@@ -201,6 +201,7 @@ pub(super) fn to_json(
         "tie_word_embeddings": tie_word_embeddings,
         "torch_dtype": match dtype {
             HfDtype::Bf16 => "bfloat16",
+            HfDtype::F16 => "float16",
             HfDtype::F32 => "float32",
         },
         "bos_token_id": bos,

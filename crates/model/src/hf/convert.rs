@@ -199,6 +199,7 @@ impl View for LazyTensor<'_> {
     fn dtype(&self) -> Dtype {
         match self.dtype {
             HfDtype::Bf16 => Dtype::BF16,
+            HfDtype::F16 => Dtype::F16,
             HfDtype::F32 => Dtype::F32,
         }
     }
@@ -219,12 +220,16 @@ impl View for LazyTensor<'_> {
                 .iter()
                 .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                 .collect(),
+            HfDtype::F16 => values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
         })
     }
 
     fn data_len(&self) -> usize {
         let elem = match self.dtype {
-            HfDtype::Bf16 => 2,
+            HfDtype::Bf16 | HfDtype::F16 => 2,
             HfDtype::F32 => 4,
         };
         self.shape.iter().product::<usize>() * elem

@@ -22,8 +22,9 @@
 //!   quantizers' output).
 
 mod config;
-mod convert;
-mod names;
+pub(crate) mod convert;
+pub(crate) mod names;
+pub mod packed;
 pub mod quant;
 mod weights;
 pub mod write;
@@ -42,6 +43,8 @@ pub use convert::convert_gguf_to_hf;
 pub enum HfDtype {
     /// bfloat16, rounded to nearest even: half the size, what most checkpoints ship.
     Bf16,
+    /// float16, rounded to nearest even: the dtype AutoAWQ and GPTQ checkpoints use.
+    F16,
     /// Exact f32 values of the dequantized GGUF weights.
     F32,
 }

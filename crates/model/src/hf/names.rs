@@ -57,7 +57,7 @@ fn map(name: &str, from_hf: bool) -> Option<String> {
 }
 
 /// The GGUF name of a Hugging Face tensor; `None` for tensors pagellm does not use.
-pub(super) fn hf_to_gguf(name: &str) -> Option<String> {
+pub(crate) fn hf_to_gguf(name: &str) -> Option<String> {
     map(name, true)
 }
 

@@ -31,6 +31,8 @@ use super::weights::RawTensor;
 #[derive(Debug, Clone, PartialEq)]
 pub enum QuantConfig {
     CompressedTensors(CtScheme),
+    /// AutoAWQ (GEMM) or GPTQ, INT4 packed into int32 words (`hf::packed`).
+    Packed(super::packed::PackedScheme),
 }
 
 /// The weight scheme of a compressed-tensors checkpoint (one config group).
@@ -58,8 +60,10 @@ pub fn parse(v: &Value) -> Result<QuantConfig> {
         .ok_or_else(|| cfg_err("`quant_method` is missing"))?;
     match method {
         "compressed-tensors" => parse_ct(v).map(QuantConfig::CompressedTensors),
+        "awq" => super::packed::parse_awq(v).map(QuantConfig::Packed),
+        "gptq" => super::packed::parse_gptq(v).map(QuantConfig::Packed),
         other => Err(cfg_err(format!(
-            "quant_method `{other}` is not supported (supported: compressed-tensors)"
+            "quant_method `{other}` is not supported (supported: compressed-tensors, awq, gptq)"
         ))),
     }
 }
@@ -185,7 +189,10 @@ pub(super) fn assemble(
     q: &QuantConfig,
     raws: &mut HashMap<String, RawTensor>,
 ) -> Result<Vec<Tensor>> {
-    let QuantConfig::CompressedTensors(s) = q;
+    let s = match q {
+        QuantConfig::CompressedTensors(s) => s,
+        QuantConfig::Packed(s) => return super::packed::assemble(s, raws),
+    };
     let mut prefixes = BTreeSet::new();
     for (name, t) in raws.iter() {
         let quantized_weight =
@@ -316,6 +323,7 @@ fn ct_module(
                     scales: sc,
                     zeros,
                     act: ActQuant::Block32,
+                    perm: None,
                 })
             }
             _ => {

@@ -39,6 +39,13 @@ impl OutTensor {
                     .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                     .collect(),
             ),
+            HfDtype::F16 => (
+                Dtype::F16,
+                values
+                    .iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect(),
+            ),
         };
         Self {
             name,
