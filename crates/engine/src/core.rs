@@ -237,6 +237,7 @@ impl EngineCore {
         let per_block = PagedKvCache::bytes_per_block(
             c.n_layers,
             c.kv_dim(),
+            c.head_dim,
             config.block_size,
             config.kv_cache_dtype,
         ) as u64;

@@ -44,7 +44,8 @@ fn config() -> EngineConfig {
 
 fn bytes_for_blocks(m: &LoadedModel, blocks: usize, bs: usize) -> u64 {
     let c = &m.transformer.config;
-    (blocks * PagedKvCache::bytes_per_block(c.n_layers, c.kv_dim(), bs, KvDtype::F16)) as u64
+    (blocks * PagedKvCache::bytes_per_block(c.n_layers, c.kv_dim(), c.head_dim, bs, KvDtype::F16))
+        as u64
 }
 
 fn greedy(max_tokens: usize) -> RequestParams {
@@ -542,7 +543,7 @@ fn a_cache_that_cannot_hold_one_sequence_is_a_configuration_error() {
 }
 
 #[test]
-fn bf16_and_f32_kv_caches_serve_the_same_answer() {
+fn every_kv_cache_dtype_serves_the_same_answer() {
     let _g = serial();
     let m = model();
     let prompt = m
@@ -550,7 +551,13 @@ fn bf16_and_f32_kv_caches_serve_the_same_answer() {
         .encode("The capital of France is", true, true)
         .unwrap();
     let mut texts = Vec::new();
-    for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+    for dtype in [
+        KvDtype::F16,
+        KvDtype::Bf16,
+        KvDtype::F32,
+        KvDtype::Fp8,
+        KvDtype::Int8,
+    ] {
         let mut c = config();
         c.kv_cache_dtype = dtype;
         let (out, core) = run_all(&c, vec![(prompt.clone(), greedy(2))]);
@@ -567,4 +574,12 @@ fn bf16_and_f32_kv_caches_serve_the_same_answer() {
         2 * texts[2].2,
         "f32 entries take twice the memory"
     );
+    // 8-bit entries with an f16 scale per row of head_dim: about twice f16's tokens.
+    for (dtype, _, tokens) in &texts[3..] {
+        assert!(
+            *tokens as f64 >= 1.9 * texts[0].2 as f64,
+            "{dtype}: {tokens} tokens against f16's {}",
+            texts[0].2
+        );
+    }
 }

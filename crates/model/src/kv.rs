@@ -13,6 +13,7 @@ use std::str::FromStr;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use pagellm_kernels::ops::attention::KvView;
+use pagellm_kernels::quant::wq::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 
 use crate::error::{ModelError, Result};
 
@@ -24,13 +25,27 @@ pub enum KvDtype {
     F16,
     Bf16,
     F32,
+    /// FP8 E4M3 with one f16 scale per (token, KV head) row: `amax / 448`.
+    Fp8,
+    /// INT8 with one f16 scale per (token, KV head) row: `amax / 127`, symmetric.
+    Int8,
 }
 
 impl KvDtype {
+    /// Bytes per element, not counting the per-row scales of the 8-bit types.
     pub fn size(self) -> usize {
         match self {
+            KvDtype::Fp8 | KvDtype::Int8 => 1,
             KvDtype::F16 | KvDtype::Bf16 => 2,
             KvDtype::F32 => 4,
+        }
+    }
+
+    /// Bytes of scale per row of `head_dim` elements.
+    pub fn scale_size(self) -> usize {
+        match self {
+            KvDtype::Fp8 | KvDtype::Int8 => 2,
+            _ => 0,
         }
     }
 }
@@ -42,8 +57,11 @@ impl FromStr for KvDtype {
             "auto" | "f16" | "fp16" | "float16" | "half" => Ok(KvDtype::F16),
             "bf16" | "bfloat16" => Ok(KvDtype::Bf16),
             "f32" | "fp32" | "float32" | "float" => Ok(KvDtype::F32),
+            "fp8" | "fp8_e4m3" => Ok(KvDtype::Fp8),
+            "int8" | "i8" => Ok(KvDtype::Int8),
             other => Err(format!(
-                "unknown KV cache dtype {other:?}; expected one of auto, f16, bf16, f32"
+                "unknown KV cache dtype {other:?}; expected one of auto, f16, bf16, f32, fp8 \
+                 (E4M3), int8"
             )),
         }
     }
@@ -55,6 +73,8 @@ impl fmt::Display for KvDtype {
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
             KvDtype::F32 => "f32",
+            KvDtype::Fp8 => "fp8",
+            KvDtype::Int8 => "int8",
         })
     }
 }
@@ -65,14 +85,39 @@ enum Buf {
     F16(Vec<u16>),
     Bf16(Vec<u16>),
     F32(Vec<f32>),
+    /// 8-bit codes and, per row of `head_dim`, an f16 scale (bits) beside them.
+    Q8 {
+        fp8: bool,
+        head_dim: usize,
+        codes: Vec<u8>,
+        scales: Vec<u16>,
+    },
+}
+
+/// The f16 scale of an 8-bit row whose largest magnitude `amax` maps to `top`, rounded
+/// up so that `amax` still fits; 0 for an all-zero row.
+fn row_scale(amax: f32, top: f32) -> f16 {
+    let s = amax / top;
+    let h = f16::from_f32(s);
+    if h.to_f32() >= s {
+        h
+    } else {
+        f16::from_bits(h.to_bits() + 1)
+    }
 }
 
 impl Buf {
-    fn zeroed(dtype: KvDtype, n: usize) -> Self {
+    fn zeroed(dtype: KvDtype, n: usize, head_dim: usize) -> Self {
         match dtype {
             KvDtype::F16 => Buf::F16(vec![0; n]),
             KvDtype::Bf16 => Buf::Bf16(vec![0; n]),
             KvDtype::F32 => Buf::F32(vec![0.0; n]),
+            KvDtype::Fp8 | KvDtype::Int8 => Buf::Q8 {
+                fp8: dtype == KvDtype::Fp8,
+                head_dim,
+                codes: vec![0; n],
+                scales: vec![0; n / head_dim],
+            },
         }
     }
 
@@ -90,6 +135,28 @@ impl Buf {
                 }
             }
             Buf::F32(b) => b[r].copy_from_slice(src),
+            Buf::Q8 {
+                fp8,
+                head_dim,
+                codes,
+                scales,
+            } => {
+                let hd = *head_dim;
+                for (i, (row, q)) in src.chunks(hd).zip(codes[r].chunks_mut(hd)).enumerate() {
+                    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let top = if *fp8 { E4M3_MAX } else { 127.0 };
+                    let sc = row_scale(amax, top);
+                    scales[at / hd + i] = sc.to_bits();
+                    let inv = if amax > 0.0 { 1.0 / sc.to_f32() } else { 0.0 };
+                    for (d, &v) in q.iter_mut().zip(row) {
+                        *d = if *fp8 {
+                            f32_to_e4m3((v * inv).clamp(-E4M3_MAX, E4M3_MAX))
+                        } else {
+                            (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8 as u8
+                        };
+                    }
+                }
+            }
         }
     }
 
@@ -103,6 +170,25 @@ impl Buf {
                 h.convert_to_f32_slice(dst);
             }
             Buf::F32(b) => dst.copy_from_slice(&b[r]),
+            Buf::Q8 {
+                fp8,
+                head_dim,
+                codes,
+                scales,
+            } => {
+                // Loads are one (token, head) row: one scale.
+                debug_assert_eq!(dst.len(), *head_dim);
+                let s = f16::from_bits(scales[at / head_dim]).to_f32();
+                if *fp8 {
+                    for (d, &q) in dst.iter_mut().zip(&codes[r]) {
+                        *d = e4m3_to_f32(q) * s;
+                    }
+                } else {
+                    for (d, &q) in dst.iter_mut().zip(&codes[r]) {
+                        *d = q as i8 as f32 * s;
+                    }
+                }
+            }
         }
     }
 }
@@ -143,19 +229,25 @@ impl PagedKvCache {
             block_size,
             n_kv_heads,
             head_dim,
-            k: (0..n_layers).map(|_| Buf::zeroed(dtype, n)).collect(),
-            v: (0..n_layers).map(|_| Buf::zeroed(dtype, n)).collect(),
+            k: (0..n_layers)
+                .map(|_| Buf::zeroed(dtype, n, head_dim))
+                .collect(),
+            v: (0..n_layers)
+                .map(|_| Buf::zeroed(dtype, n, head_dim))
+                .collect(),
         })
     }
 
-    /// Bytes one block takes across all layers, keys and values.
+    /// Bytes one block takes across all layers, keys and values (with the 8-bit types'
+    /// scales, one per `head_dim` elements).
     pub fn bytes_per_block(
         n_layers: usize,
         kv_dim: usize,
+        head_dim: usize,
         block_size: usize,
         dtype: KvDtype,
     ) -> usize {
-        2 * n_layers * block_size * kv_dim * dtype.size()
+        2 * n_layers * block_size * (kv_dim * dtype.size() + kv_dim / head_dim * dtype.scale_size())
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -232,15 +324,18 @@ pub struct SeqKvCache {
 
 impl SeqKvCache {
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        let paged = PagedKvCache::new(
-            n_layers,
-            n_kv_heads,
-            head_dim,
-            capacity.max(1),
-            1,
-            KvDtype::F16,
-        )
-        .expect("one block of a valid size");
+        Self::with_dtype(n_layers, n_kv_heads, head_dim, capacity, KvDtype::F16)
+    }
+
+    pub fn with_dtype(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let paged = PagedKvCache::new(n_layers, n_kv_heads, head_dim, capacity.max(1), 1, dtype)
+            .expect("one block of a valid size");
         Self { paged, len: 0 }
     }
 
@@ -264,5 +359,53 @@ impl SeqKvCache {
 
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 8-bit rows come back within their rounding step (INT8: half of amax/127; FP8:
+    /// 2⁻⁴ relative, plus the subnormal step), zero rows as zeros, and each row's
+    /// scale is its own.
+    #[test]
+    fn eight_bit_rows_round_trip_within_their_step() {
+        let hd = 8;
+        let row = |k: usize| -> Vec<f32> {
+            (0..2 * hd)
+                .map(|i| ((i * 37 + k * 11) % 23) as f32 / 7.0 - 1.5)
+                .map(|v| v * if i_big(k) { 100.0 } else { 1.0 })
+                .collect()
+        };
+        fn i_big(k: usize) -> bool {
+            k == 1
+        }
+        for dtype in [KvDtype::Int8, KvDtype::Fp8] {
+            let mut b = Buf::zeroed(dtype, 3 * 2 * hd, hd);
+            for k in 0..3 {
+                let src = if k == 2 { vec![0.0; 2 * hd] } else { row(k) };
+                b.store(k * 2 * hd, &src);
+            }
+            for k in 0..3 {
+                let src = if k == 2 { vec![0.0; 2 * hd] } else { row(k) };
+                for h in 0..2 {
+                    let want = &src[h * hd..(h + 1) * hd];
+                    let mut got = vec![f32::NAN; hd];
+                    b.load(k * 2 * hd + h * hd, &mut got);
+                    let amax = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for (g, w) in got.iter().zip(want) {
+                        let tol = match dtype {
+                            KvDtype::Int8 => amax / 127.0 * 0.5 * 1.01,
+                            _ => w.abs() / 16.0 + amax / 448.0 * 2f32.powi(-9) * 1.01,
+                        };
+                        assert!((g - w).abs() <= tol + 1e-7, "{dtype} row {k}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+        assert!(KvDtype::from_str("fp8_e4m3").unwrap() == KvDtype::Fp8);
+        let e = KvDtype::from_str("fp4").unwrap_err();
+        assert!(e.contains("fp8") && e.contains("int8"), "{e}");
     }
 }

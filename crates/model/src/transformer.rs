@@ -230,11 +230,17 @@ impl Transformer {
 
     /// A KV cache for one sequence of up to `capacity` tokens.
     pub fn new_cache(&self, capacity: usize) -> SeqKvCache {
-        SeqKvCache::new(
+        self.new_cache_with(capacity, KvDtype::F16)
+    }
+
+    /// A one-sequence cache with entries in `dtype`.
+    pub fn new_cache_with(&self, capacity: usize, dtype: KvDtype) -> SeqKvCache {
+        SeqKvCache::with_dtype(
             self.config.n_layers,
             self.config.n_kv_heads,
             self.config.head_dim,
             capacity.min(self.max_context()),
+            dtype,
         )
     }
 

@@ -245,7 +245,7 @@ fn search_clip(
 }
 
 /// Scales `x` (`tokens × cols`) down by `s` per column.
-fn div_cols(x: &mut [f32], cols: usize, s: &[f32]) {
+pub(crate) fn div_cols(x: &mut [f32], cols: usize, s: &[f32]) {
     for row in x.chunks_exact_mut(cols) {
         for (a, b) in row.iter_mut().zip(s) {
             *a /= b;
@@ -253,7 +253,7 @@ fn div_cols(x: &mut [f32], cols: usize, s: &[f32]) {
     }
 }
 
-fn mul_cols(w: &mut [f32], cols: usize, s: &[f32]) {
+pub(crate) fn mul_cols(w: &mut [f32], cols: usize, s: &[f32]) {
     for row in w.chunks_exact_mut(cols) {
         for (a, b) in row.iter_mut().zip(s) {
             *a *= b;

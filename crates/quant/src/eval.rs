@@ -10,7 +10,7 @@
 
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_model::loader::LoadedModel;
-use pagellm_model::{Logits, Workspace};
+use pagellm_model::{KvDtype, Logits, Workspace};
 use serde::Serialize;
 
 use crate::error::{QuantError, Result};
@@ -148,9 +148,10 @@ fn score_chunk(
     pool: &ThreadPool,
     ws: &mut Workspace,
     chunk: &[u32],
+    kv: KvDtype,
 ) -> Result<Vec<Vec<f64>>> {
     let t = &model.transformer;
-    let mut cache = t.new_cache(chunk.len());
+    let mut cache = t.new_cache_with(chunk.len(), kv);
     let first = chunk.len() / 2;
     // The unscored first half needs no logits; the second half needs all of them.
     t.forward(pool, ws, &mut cache, &chunk[..first], Logits::None)?;
@@ -172,13 +173,15 @@ fn score_chunk(
         .collect())
 }
 
-/// Evaluates `model` on `chunks` (from [`chunks`]), against `base` when given.
-/// `progress` is called after each chunk with (done, total).
+/// Evaluates `model` on `chunks` (from [`chunks`]) with its KV cache in `kv`, against
+/// `base` (with an f16 cache) when given. `progress` is called after each chunk with
+/// (done, total).
 pub fn evaluate(
     model: &LoadedModel,
     base: Option<&LoadedModel>,
     pool: &ThreadPool,
     chunks: &[Vec<u32>],
+    kv: KvDtype,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalReport> {
     if let Some(b) = base {
@@ -203,10 +206,10 @@ pub fn evaluate(
     let mut seconds = 0.0;
     for (ci, chunk) in chunks.iter().enumerate() {
         let t0 = std::time::Instant::now();
-        let rows = score_chunk(model, pool, &mut ws, chunk)?;
+        let rows = score_chunk(model, pool, &mut ws, chunk, kv)?;
         seconds += t0.elapsed().as_secs_f64();
         let base_rows = base
-            .map(|b| score_chunk(b, pool, &mut base_ws, chunk))
+            .map(|b| score_chunk(b, pool, &mut base_ws, chunk, KvDtype::F16))
             .transpose()?;
         let first = chunk.len() / 2;
         for (j, lp) in rows.iter().enumerate() {

@@ -16,5 +16,6 @@ pub mod gptq;
 pub mod packed;
 pub mod quantize;
 pub mod rtn;
+pub mod smooth;
 
 pub use error::{QuantError, Result};

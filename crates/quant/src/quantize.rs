@@ -51,7 +51,7 @@ impl Method {
         }
     }
 
-    fn needs_calibration(self) -> bool {
+    fn calibrated(self) -> bool {
         matches!(self, Method::Awq | Method::Gptq)
     }
 
@@ -78,6 +78,8 @@ pub struct QuantizeOptions {
     pub act_order: bool,
     /// GPTQ: dampening as a fraction of the mean Hessian diagonal.
     pub damp: f32,
+    /// W8A8: SmoothQuant migration strength α (`None`: no smoothing).
+    pub smooth_alpha: Option<f32>,
     /// Threads for calibration and the searches.
     pub threads: usize,
 }
@@ -94,7 +96,25 @@ pub struct QuantizeSummary {
 /// Checks the options against the model before any work: group sizes must divide every
 /// linear layer's width.
 pub fn check(model: &LoadedModel, o: &QuantizeOptions) -> Result<()> {
-    if o.method.needs_calibration() && o.calib.is_none() {
+    if let Some(a) = o.smooth_alpha {
+        if o.method != Method::W8a8 {
+            return Err(QuantError::Invalid(format!(
+                "--smooth-alpha applies to --method w8a8, not {}",
+                o.method.name()
+            )));
+        }
+        if !(0.0..=1.0).contains(&a) {
+            return Err(QuantError::Invalid(format!(
+                "--smooth-alpha {a} is not in [0, 1]"
+            )));
+        }
+        if o.calib.is_none() {
+            return Err(QuantError::Invalid(
+                "--smooth-alpha needs calibration text: give --calib FILE".into(),
+            ));
+        }
+    }
+    if o.method.calibrated() && o.calib.is_none() {
         return Err(QuantError::Invalid(format!(
             "--method {} needs calibration text: give --calib FILE",
             o.method.name()
@@ -203,7 +223,7 @@ pub fn quantize_model(
     let mut err = None;
     let pool = ThreadPool::new(o.threads.max(1));
     let mut calib = match &o.calib {
-        Some(c) if o.method.needs_calibration() => {
+        Some(c) if o.method.calibrated() || o.smooth_alpha.is_some() => {
             let windows = crate::calib::windows(model, c)?;
             Some(Calibration::new(model, &pool, &windows)?)
         }
@@ -348,6 +368,9 @@ fn quantize_layer(
             damp: o.damp,
         };
         return gptq_layer(layer, &inputs, &g, o.threads);
+    }
+    if let (Some(alpha), Some(c)) = (o.smooth_alpha, calib) {
+        crate::smooth::smooth_layer(layer, &c.next_layer(), alpha);
     }
     let mut out = Vec::new();
     for (suffix, w) in layer.iter() {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_model::loader::load_model;
-use pagellm_model::{Logits, Workspace};
+use pagellm_model::{KvDtype, Logits, Workspace};
 use pagellm_quant::calib::CalibOptions;
 use pagellm_quant::quantize::{quantize_model, Method, QuantizeOptions};
 use safetensors::Dtype;
@@ -22,6 +22,7 @@ fn opts(method: Method, group_size: usize, zero_point: bool) -> QuantizeOptions 
         awq_search_tokens: 256,
         act_order: false,
         damp: 0.01,
+        smooth_alpha: None,
         threads: 2,
     }
 }
@@ -71,6 +72,14 @@ fn every_method_round_trips_and_stays_close() {
         ("awq", calibrated(Method::Awq, true, false), 0.3),
         ("gptq", calibrated(Method::Gptq, false, false), 0.3),
         ("gptq-act-zp", calibrated(Method::Gptq, true, true), 0.3),
+        (
+            "w8a8-smooth",
+            QuantizeOptions {
+                smooth_alpha: Some(0.5),
+                ..calibrated(Method::W8a8, false, false)
+            },
+            0.05,
+        ),
     ] {
         let out = tmp.path().join(name);
         let summary = quantize_model(&model, &o, &out, |_, _| {}).unwrap();
@@ -97,7 +106,7 @@ fn every_method_round_trips_and_stays_close() {
         assert_eq!(p.zeros.is_some(), o.zero_point, "{name}");
         // The loaded weight is exactly what the quantizer produced (formats round-trip),
         // for the methods without calibration: quantizing the float weight again.
-        if !matches!(o.method, Method::Awq | Method::Gptq) {
+        if !matches!(o.method, Method::Awq | Method::Gptq) && o.smooth_alpha.is_none() {
             let w = model.transformer.layers[0].ffn_down.to_f32();
             let (rows, cols) = (l.ffn_down.rows(), l.ffn_down.cols());
             let again = pagellm_quant::quantize::quantize_matrix(&w, rows, cols, &o).unwrap();
@@ -168,6 +177,18 @@ fn bad_options_are_refused_with_the_flag_named() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--calib"), "{e}");
+    let mut smooth = opts(Method::Int8, 32, false);
+    smooth.smooth_alpha = Some(0.5);
+    let e = quantize_model(&model, &smooth, &tmp.path().join("c"), |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--smooth-alpha applies to --method w8a8"), "{e}");
+    let mut act = opts(Method::Rtn, 32, false);
+    act.act_order = true;
+    let e = quantize_model(&model, &act, &tmp.path().join("c"), |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--act-order applies to --method gptq"), "{e}");
     let mut short = opts(Method::Awq, 32, true);
     short.calib = Some(CalibOptions {
         text: "too short".into(),
@@ -389,13 +410,13 @@ fn perplexity_and_kl_against_a_base() {
     let text = calib_text();
     let c = chunks(&model, &text, &cfg).unwrap();
     assert_eq!(c.len(), 3);
-    let same = evaluate(&model, Some(&model), &pool, &c, |_, _| {}).unwrap();
+    let same = evaluate(&model, Some(&model), &pool, &c, KvDtype::F16, |_, _| {}).unwrap();
     let kl = same.kl.as_ref().unwrap();
     assert_eq!(same.scored_tokens, 3 * (32 - 1 - 16));
     assert_eq!(kl.mean.mean, 0.0);
     assert_eq!(kl.top1_agreement.mean, 1.0);
     assert!((kl.base_ppl - same.ppl.mean).abs() < 1e-9);
-    let other = evaluate(&qm, Some(&model), &pool, &c, |_, _| {}).unwrap();
+    let other = evaluate(&qm, Some(&model), &pool, &c, KvDtype::F16, |_, _| {}).unwrap();
     let kl = other.kl.as_ref().unwrap();
     assert!(kl.mean.mean > 0.0 && kl.p99 >= kl.median && kl.max >= kl.p99);
     assert!(other.ppl.mean.is_finite() && other.ppl.stderr > 0.0);

@@ -25,9 +25,13 @@ pub struct PerplexityArgs {
     /// Evaluate at most this many chunks.
     #[arg(long)]
     chunks: Option<usize>,
-    /// Reference model for KL divergence, run in the same process.
+    /// Reference model for KL divergence, run in the same process (KV cache in f16).
     #[arg(long)]
     base_model: Option<String>,
+    /// KV cache element type of the evaluated models: f16, bf16, f32, fp8 or int8
+    /// (with the same model as --base-model: what the cache type alone costs).
+    #[arg(long, default_value = "f16")]
+    kv_cache_dtype: pagellm_model::KvDtype,
     /// Worker threads (0 = one per core).
     #[arg(short, long, default_value_t = 0)]
     threads: usize,
@@ -84,11 +88,15 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         let chunks = chunks(&model, &text, &cfg)?;
         let bar = layer_bar(a.quiet, "chunks");
         bar.set_message(m.clone());
-        let r = evaluate(&model, base.as_ref(), &pool, &chunks, |done, total| {
+        let kv = a.kv_cache_dtype;
+        let mut r = evaluate(&model, base.as_ref(), &pool, &chunks, kv, |done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         })?;
         bar.finish_and_clear();
+        if kv != pagellm_model::KvDtype::F16 {
+            r.model = format!("{} (KV {kv})", r.model);
+        }
         reports.push(r);
     }
     let json = serde_json::to_string_pretty(&reports)?;

@@ -36,7 +36,8 @@ pub struct EngineArgs {
     /// KV cache size in blocks of --block-size tokens, overriding --kv-cache-memory.
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
-    /// KV cache element type: auto (= f16), f16, bf16 or f32.
+    /// KV cache element type: auto (= f16), f16, bf16, f32, fp8 (E4M3) or int8; the 8-bit
+    /// types keep one f16 scale per token and KV head and hold about twice the tokens.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: pagellm_model::KvDtype,
     /// Most tokens computed in one step, over all requests.

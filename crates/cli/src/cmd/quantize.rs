@@ -49,7 +49,11 @@ pub struct Args {
     /// GPTQ: dampening added to the Hessian diagonal, as a fraction of its mean.
     #[arg(long, default_value_t = 0.01)]
     damp: f32,
-    /// Calibration text (AWQ, GPTQ).
+    /// W8A8: SmoothQuant, migrating activation outliers into the weights with strength
+    /// α (0.5 is llm-compressor's default); needs --calib.
+    #[arg(long)]
+    smooth_alpha: Option<f32>,
+    /// Calibration text (AWQ, GPTQ, SmoothQuant).
     #[arg(long)]
     calib: Option<PathBuf>,
     /// Calibration windows taken from the text, evenly spaced.
@@ -108,6 +112,7 @@ pub fn run(a: Args) -> Result<()> {
         awq_search_tokens: a.awq_search_tokens,
         act_order: a.act_order,
         damp: a.damp,
+        smooth_alpha: a.smooth_alpha,
         threads,
     };
     let bar = super::eval::layer_bar(a.quiet, "layers");
