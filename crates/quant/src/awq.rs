@@ -61,11 +61,35 @@ pub fn quantize_awq(w: &[f32], rows: usize, cols: usize, group: usize) -> QWeigh
 /// Quantizes and dequantizes in place (the "pseudo-quantized" weight).
 fn fake_quant(w: &mut [f32], cols: usize, group: usize) {
     for row in w.chunks_exact_mut(cols) {
-        for seg in row.chunks_exact_mut(group) {
-            let (s, z) = awq_params(seg);
-            for v in seg.iter_mut() {
-                *v = (int4_quant(*v, s, z) as f32 - z as f32) * s;
-            }
+        fake_quant_row(row, group);
+    }
+}
+
+/// `w · diag(s)`, pseudo-quantized, then `· diag(s)⁻¹`: the weight a scale `s` gives,
+/// rows split over `threads`.
+fn scaled_fake_quant(w: &[f32], cols: usize, s: &[f32], group: usize, threads: usize) -> Vec<f32> {
+    let mut out = w.to_vec();
+    let rows = w.len() / cols;
+    let per = rows.div_ceil(threads.max(1)) * cols;
+    std::thread::scope(|scope| {
+        for chunk in out.chunks_mut(per.max(cols)) {
+            scope.spawn(move || {
+                for row in chunk.chunks_exact_mut(cols) {
+                    row.iter_mut().zip(s).for_each(|(a, b)| *a *= b);
+                    fake_quant_row(row, group);
+                    row.iter_mut().zip(s).for_each(|(a, b)| *a /= b);
+                }
+            });
+        }
+    });
+    out
+}
+
+fn fake_quant_row(row: &mut [f32], group: usize) {
+    for seg in row.chunks_exact_mut(group) {
+        let (s, z) = awq_params(seg);
+        for v in seg.iter_mut() {
+            *v = (int4_quant(*v, s, z) as f32 - z as f32) * s;
         }
     }
 }
@@ -79,14 +103,14 @@ fn matmul_f32(
     rows: usize,
     cols: usize,
 ) -> Vec<f32> {
-    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes: &[u8] = bytemuck::cast_slice(w);
     let mut act = Activations::new();
     act.reset(n, cols).copy_from_slice(x);
     let mut out = vec![0f32; n * rows];
     matmul(
         pool,
         &mut act,
-        WeightRef::plain(GgmlType::F32, &bytes, rows, cols),
+        WeightRef::plain(GgmlType::F32, bytes, rows, cols),
         &mut out,
     );
     out
@@ -166,16 +190,7 @@ fn search_scales(
         }
         let mut loss = 0.0;
         for ((w, rows), want) in ws.iter().zip(&reference) {
-            let mut scaled: Vec<f32> = w
-                .chunks_exact(cols)
-                .flat_map(|r| r.iter().zip(&s).map(|(a, b)| a * b))
-                .collect();
-            fake_quant(&mut scaled, cols, o.group_size);
-            for r in scaled.chunks_exact_mut(cols) {
-                for (a, b) in r.iter_mut().zip(&s) {
-                    *a /= b;
-                }
-            }
+            let scaled = scaled_fake_quant(w, cols, &s, o.group_size, pool.n_threads());
             loss += sq_err(&matmul_f32(pool, &xs, ns, &scaled, *rows, cols), want);
         }
         if loss < best.0 {
