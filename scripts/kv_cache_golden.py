@@ -17,7 +17,8 @@ def generate(pagellm, model, prompt, n, dtype):
     r = subprocess.run([pagellm, "generate", "-m", model, "-p", prompt, "-n", str(n),
                         "--temperature", "0", "--ignore-eos", "--kv-cache-dtype", dtype],
                        capture_output=True, text=True, check=True)
-    return r.stdout
+    # `generate` ends its output with a newline.
+    return r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout
 
 
 def main():
