@@ -38,27 +38,6 @@ impl GgufDtype {
     }
 }
 
-/// Moves Hugging Face Q/K rows into GGUF's interleaved order (the inverse of
-/// `hf::convert::unpermute_rows`): Hugging Face row `h·hd + j·hd/2 + i` becomes GGUF
-/// row `h·hd + 2i + j`.
-fn permute_rows(src: &[f32], n_heads: usize, row_len: usize) -> Vec<f32> {
-    let rows = src.len() / row_len;
-    let hd = rows / n_heads;
-    let half = hd / 2;
-    let mut out = vec![0f32; src.len()];
-    for h in 0..n_heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let gguf_row = h * hd + 2 * i + j;
-                let hf_row = h * hd + j * half + i;
-                out[gguf_row * row_len..(gguf_row + 1) * row_len]
-                    .copy_from_slice(&src[hf_row * row_len..(hf_row + 1) * row_len]);
-            }
-        }
-    }
-    out
-}
-
 fn put_str(w: &mut impl Write, s: &str) -> std::io::Result<()> {
     w.write_all(&(s.len() as u64).to_le_bytes())?;
     w.write_all(s.as_bytes())
@@ -273,7 +252,7 @@ pub fn write_gguf(
         };
         let row_len = if w.shape.len() == 2 { w.shape[1] } else { 1 };
         let values = match (permute, heads) {
-            (true, Some(h)) => permute_rows(&w.values, h, row_len),
+            (true, Some(h)) => crate::hf::convert::permute_rows(&w.values, h, row_len),
             _ => w.values,
         };
         let dims: Vec<usize> = w.shape.iter().rev().copied().collect();
@@ -341,18 +320,4 @@ pub fn write_gguf(
     drop(w);
     std::fs::rename(&tmp, out).map_err(io)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permute_inverts_unpermute() {
-        let (heads, hd, row) = (3, 8, 5);
-        let src: Vec<f32> = (0..heads * hd * row).map(|i| i as f32).collect();
-        let p = permute_rows(&src, heads, row);
-        assert_ne!(p, src);
-        assert_eq!(crate::hf::convert::unpermute_rows(&p, heads, row), src);
-    }
 }

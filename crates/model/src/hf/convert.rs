@@ -161,6 +161,18 @@ impl Drop for Staging {
 /// (`i < hd/2`, `j ∈ {0, 1}`), and this function moves each row back. Q uses the number
 /// of query heads, K the number of KV heads (the converter's `n_head_kv` override).
 pub(crate) fn unpermute_rows(src: &[f32], n_heads: usize, row_len: usize) -> Vec<f32> {
+    move_qk_rows(src, n_heads, row_len, false)
+}
+
+/// llama.cpp's `LlamaModel.permute` (the inverse of [`unpermute_rows`]): Hugging Face
+/// Q/K rows into GGUF's interleaved order, for `convert --to gguf`.
+pub(crate) fn permute_rows(src: &[f32], n_heads: usize, row_len: usize) -> Vec<f32> {
+    move_qk_rows(src, n_heads, row_len, true)
+}
+
+/// Moves every row between GGUF row `h*hd + 2*i + j` and Hugging Face row
+/// `h*hd + j*(hd/2) + i`, towards GGUF when `to_gguf`.
+fn move_qk_rows(src: &[f32], n_heads: usize, row_len: usize, to_gguf: bool) -> Vec<f32> {
     let rows = src.len() / row_len;
     assert_eq!(rows * row_len, src.len(), "partial row");
     assert_eq!(
@@ -176,8 +188,13 @@ pub(crate) fn unpermute_rows(src: &[f32], n_heads: usize, row_len: usize) -> Vec
             for j in 0..2 {
                 let gguf_row = h * hd + 2 * i + j;
                 let hf_row = h * hd + j * half + i;
-                out[hf_row * row_len..(hf_row + 1) * row_len]
-                    .copy_from_slice(&src[gguf_row * row_len..(gguf_row + 1) * row_len]);
+                let (from, to) = if to_gguf {
+                    (hf_row, gguf_row)
+                } else {
+                    (gguf_row, hf_row)
+                };
+                out[to * row_len..(to + 1) * row_len]
+                    .copy_from_slice(&src[from * row_len..(from + 1) * row_len]);
             }
         }
     }
@@ -332,25 +349,6 @@ pub(super) fn write_tokenizer(dir: &Path, tok: &Tokenizer, config: &ModelConfig)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// llama.cpp's `LlamaModel.permute`, written out for row indices.
-    fn permute_rows(src: &[f32], n_heads: usize, row_len: usize) -> Vec<f32> {
-        let rows = src.len() / row_len;
-        let hd = rows / n_heads;
-        let mut out = vec![0f32; src.len()];
-        for h in 0..n_heads {
-            for j in 0..2 {
-                for i in 0..hd / 2 {
-                    // reshape(n_head, 2, hd/2).swapaxes(1, 2): (h, j, i) → (h, i, j).
-                    let from = h * hd + j * (hd / 2) + i;
-                    let to = h * hd + 2 * i + j;
-                    out[to * row_len..(to + 1) * row_len]
-                        .copy_from_slice(&src[from * row_len..(from + 1) * row_len]);
-                }
-            }
-        }
-        out
-    }
 
     #[test]
     fn unpermute_inverts_llama_cpp_permute() {
