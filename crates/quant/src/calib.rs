@@ -22,6 +22,8 @@ pub struct CalibOptions {
 #[derive(Debug, Default)]
 pub struct LayerInputs {
     pub tokens: usize,
+    /// Tokens per calibration window (`tokens` is a whole number of windows).
+    pub seq_len: usize,
     pub qkv: Vec<f32>,
     pub attn_output: Vec<f32>,
     pub gate_up: Vec<f32>,
@@ -108,10 +110,16 @@ impl<'m> Calibration<'m> {
         })
     }
 
+    /// The model being calibrated.
+    pub fn model(&self) -> &'m LoadedModel {
+        self.model
+    }
+
     /// Runs the next layer and returns its linear inputs.
     pub fn next_layer(&mut self) -> LayerInputs {
         let mut inputs = LayerInputs {
             tokens: self.batch.tokens.len(),
+            seq_len: self.batch.seqs[0].n_tokens,
             ..LayerInputs::default()
         };
         let mut keep = |site: Site, x: &[f32]| {

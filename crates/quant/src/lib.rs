@@ -7,6 +7,7 @@
 //! checkpoint reader; the kernels that run them live in `pagellm-kernels`
 //! (`quant::wq`).
 
+pub mod attn;
 pub mod awq;
 pub mod calib;
 pub mod ct;

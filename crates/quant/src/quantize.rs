@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use pagellm_kernels::pool::ThreadPool;
 
+use crate::attn::AttnGeom;
 use crate::awq::AwqOptions;
 use crate::calib::{CalibOptions, Calibration, LayerInputs};
 use crate::error::{QuantError, Result};
@@ -351,12 +352,21 @@ fn quantize_layer(
     o: &QuantizeOptions,
 ) -> Result<Vec<(String, QWeight)>> {
     if o.method == Method::Awq {
-        let inputs = calib.expect("AWQ has calibration").next_layer();
+        let calib = calib.expect("AWQ has calibration");
+        let c = &calib.model().transformer.config;
         let a = AwqOptions {
             group_size: o.group_size,
             search_tokens: o.awq_search_tokens,
+            attn_tokens: 2 * o.awq_search_tokens,
             clip_tokens: 512,
+            attention: Some(AttnGeom {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                rope_theta: c.rope_theta,
+            }),
         };
+        let inputs = calib.next_layer();
         return crate::awq::quantize_layer(pool, layer, inputs, &a);
     }
     if o.method == Method::Gptq {

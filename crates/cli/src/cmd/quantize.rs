@@ -63,8 +63,9 @@ pub struct Args {
     #[arg(long, default_value_t = 512)]
     calib_seq_len: usize,
     /// Tokens the AWQ scale search measures its loss on (a subsample of the
-    /// calibration tokens).
-    #[arg(long, default_value_t = 1024)]
+    /// calibration tokens; the Q/K/V search takes whole calibration windows, twice as
+    /// many tokens, through the attention block).
+    #[arg(long, default_value_t = 512)]
     awq_search_tokens: usize,
     /// Worker threads (0 = one per core).
     #[arg(short, long, default_value_t = 0)]

@@ -52,21 +52,22 @@ unsafe fn u4_imp<const N: usize>(
 ) {
     let mut acc = [_mm256_setzero_ps(); N];
     let m4 = _mm_set1_epi8(0x0F);
-    for b in 0..nb {
-        let g = b / per_group;
-        let zero = zeros.map_or(8, |z| z[g]);
-        // SAFETY: the row holds `nb` chunks of 16 bytes (checked by the wrapper).
-        let t = unsafe { _mm_loadu_si128(w.add(16 * b).cast()) };
-        let lo = _mm_and_si128(t, m4);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(t), m4);
-        let q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-        let q = _mm256_sub_epi8(q, _mm256_set1_epi8(zero as i8));
-        let qa = _mm256_sign_epi8(q, q);
-        let s = scales[g];
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: `a` holds N rows of `nb` blocks.
-            let y = unsafe { &*a.add(i * nb + b) };
-            *acc = fma_block(dot_ss(qa, q, act(y)), s * y.d, *acc);
+    // Group by group, so that finding a block's scale and zero point takes no division.
+    for (g, &s) in scales.iter().enumerate().take(nb / per_group) {
+        let zero = _mm256_set1_epi8(zeros.map_or(8, |z| z[g]) as i8);
+        for b in g * per_group..(g + 1) * per_group {
+            // SAFETY: the row holds `nb` chunks of 16 bytes (checked by the wrapper).
+            let t = unsafe { _mm_loadu_si128(w.add(16 * b).cast()) };
+            let lo = _mm_and_si128(t, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(t), m4);
+            let q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+            let q = _mm256_sub_epi8(q, zero);
+            let qa = _mm256_sign_epi8(q, q);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `a` holds N rows of `nb` blocks.
+                let y = unsafe { &*a.add(i * nb + b) };
+                *acc = fma_block(dot_ss(qa, q, act(y)), s * y.d, *acc);
+            }
         }
     }
     for (o, acc) in out.iter_mut().zip(acc) {
