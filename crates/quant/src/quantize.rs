@@ -121,6 +121,11 @@ pub fn check(model: &LoadedModel, o: &QuantizeOptions) -> Result<()> {
             o.method.name()
         )));
     }
+    if o.method == Method::Awq && o.awq_search_tokens == 0 {
+        return Err(QuantError::Invalid(
+            "--awq-search-tokens 0: the scale search needs at least one token".into(),
+        ));
+    }
     if o.act_order && o.method != Method::Gptq {
         return Err(QuantError::Invalid(format!(
             "--act-order applies to --method gptq, not {}",

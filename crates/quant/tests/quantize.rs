@@ -203,6 +203,18 @@ fn bad_options_are_refused_with_the_flag_named() {
         e.contains("short.txt") && e.contains("--calib-samples 32"),
         "{e}"
     );
+    let mut none = opts(Method::Awq, 32, true);
+    none.calib = Some(CalibOptions {
+        text: calib_text(),
+        source: "test".into(),
+        samples: 4,
+        seq_len: 32,
+    });
+    none.awq_search_tokens = 0;
+    let e = quantize_model(&model, &none, &tmp.path().join("d"), |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--awq-search-tokens 0"), "{e}");
     let mut long = short.clone();
     long.calib.as_mut().unwrap().seq_len = 512;
     let e = quantize_model(&model, &long, &tmp.path().join("d"), |_, _| {})
