@@ -10,7 +10,7 @@ use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_kernels::quant::{
     dot_kernel_for, dot_kernel_ref_for, quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k,
-    quantize_row_q8k_ref, BlockQ8, BlockQ8K, DotKernel, GgmlType,
+    quantize_row_q8k_ref, ActQuant, BlockQ8, BlockQ8K, DotKernel, GgmlType, QuantParams,
 };
 use rand::{Rng, SeedableRng};
 
@@ -199,6 +199,70 @@ fn bench_matmul(c: &mut Criterion) {
     g.finish();
 }
 
+/// Whole single-threaded matmuls at Qwen2.5-0.5B's FFN shapes (gate 4864x896, down
+/// 896x4864) for one and four activation rows: Q4_0 against the checkpoint INT4 format
+/// (`U4`, group 128, with and without zero points), whose bytes are about the same.
+fn bench_matmul_int4(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let pool = ThreadPool::new(1);
+    let mut g = c.benchmark_group("matmul_int4");
+    g.sample_size(30);
+    for (w_rows, cols) in [(4864, 896), (896, 4864)] {
+        let q4_0 = weights(GgmlType::Q4_0, cols, &mut rng);
+        let rb = GgmlType::Q4_0.row_bytes(cols).unwrap();
+        let q4_0: Vec<u8> = q4_0.iter().copied().cycle().take(rb * w_rows).collect();
+        let u4: Vec<u8> = (0..w_rows * cols / 2).map(|_| rng.gen()).collect();
+        let n_groups = w_rows * cols / 128;
+        let scales: Vec<f32> = (0..n_groups).map(|_| rng.gen_range(0.001..0.01)).collect();
+        let zeros: Vec<u8> = (0..n_groups).map(|_| rng.gen_range(0..16)).collect();
+        let sym = QuantParams {
+            group: 128,
+            scales,
+            zeros: None,
+            act: ActQuant::Block32,
+            perm: None,
+        };
+        let asym = QuantParams {
+            zeros: Some(zeros),
+            ..sym.clone()
+        };
+        let ws = [
+            (
+                "Q4_0",
+                WeightRef::plain(GgmlType::Q4_0, &q4_0, w_rows, cols),
+            ),
+            (
+                "U4",
+                WeightRef {
+                    params: Some(&sym),
+                    ..WeightRef::plain(GgmlType::U4, &u4, w_rows, cols)
+                },
+            ),
+            (
+                "U4_zp",
+                WeightRef {
+                    params: Some(&asym),
+                    ..WeightRef::plain(GgmlType::U4, &u4, w_rows, cols)
+                },
+            ),
+        ];
+        for n in [1, 4] {
+            let mut x = Activations::new();
+            for v in x.reset(n, cols) {
+                *v = rng.gen_range(-2.0..2.0);
+            }
+            let mut out = vec![0f32; n * w_rows];
+            for (name, w) in ws {
+                g.throughput(Throughput::Bytes((w_rows * cols / 2) as u64));
+                g.bench_function(format!("{name}/{w_rows}x{cols}/n{n}"), |b| {
+                    b.iter(|| matmul(&pool, &mut x, w, black_box(&mut out)))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
 /// One layer's attention for a decode step of 16 sequences with 256 cached positions
 /// each, smollm2-135m's heads (9 query, 3 key/value, 64 wide), one thread; and the same
 /// for a 128-token prompt (the prompt-order summation).
@@ -254,6 +318,7 @@ criterion_group!(
     bench_dot,
     bench_quantize,
     bench_matmul,
+    bench_matmul_int4,
     bench_attention
 );
 criterion_main!(benches);

@@ -14,7 +14,7 @@
 //! the Q4_K one relies on activation rows arriving in groups of four from row 0.
 
 use crate::pool::{SyncPtr, ThreadPool};
-use crate::quant::wq::quantize_row_i8_tok;
+use crate::quant::wq::{quantize_row_i8_tok, u4_act_sums};
 use crate::quant::{
     dot_kernel_for, dot_kernel_i8_tok, pack_scales4, quantize_row_q8, quantize_row_q8k,
     tile_kernel_for, ActQuant, ActScales4, BlockQ8, BlockQ8K, DotI8TokFn, DotKernel, GgmlType,
@@ -75,6 +75,8 @@ pub struct Activations {
     /// The scales of `q8` packed for the tile kernels, per group of four rows from row
     /// 0 (full groups only), `cols / 32` entries per group.
     q8_scales: Vec<ActScales4>,
+    /// `d · Σ qs` of each `q8` block, for the `U4` kernels' zero points.
+    q8_sums: Vec<f32>,
     q8_valid: bool,
     q8k: Vec<BlockQ8K>,
     q8k_valid: bool,
@@ -96,6 +98,7 @@ impl Activations {
             f32: Vec::new(),
             q8: Vec::new(),
             q8_scales: Vec::new(),
+            q8_sums: Vec::new(),
             q8_valid: false,
             q8k: Vec::new(),
             q8k_valid: false,
@@ -200,6 +203,8 @@ impl Activations {
         {
             pack_scales4(q, s);
         }
+        self.q8_sums.resize(self.q8.len(), 0.0);
+        u4_act_sums(&self.q8, &mut self.q8_sums);
         self.q8_valid = true;
     }
 
@@ -366,6 +371,7 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                                 p.row_zeros(r, w.cols),
                                 p.group,
                                 &x.q8[i0 * nb..(i0 + na) * nb],
+                                &x.q8_sums[i0 * nb..(i0 + na) * nb],
                                 na,
                                 &mut acc,
                             )

@@ -106,6 +106,8 @@ fn both(
     for (x, q) in x.chunks_exact(cols).zip(q8.chunks_exact_mut(nb)) {
         quantize_row_q8_ref(x, q);
     }
+    let mut sums = vec![0f32; n * nb];
+    wq::u4_act_sums(&q8, &mut sums);
     match f {
         Fmt::W8A8 => {
             let mut q = vec![0i8; n * cols];
@@ -127,6 +129,7 @@ fn both(
                         p.row_zeros(r, cols),
                         p.group,
                         &q8,
+                        &sums,
                         n,
                         out,
                     ),

@@ -142,7 +142,7 @@ fn bits_to_bytes(bits: u32) -> __m256i {
 /// Eight i32 partial sums of `w[i] * a[i]`, `w` unsigned bytes, `a` signed bytes.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn dot_us(w: __m256i, a: __m256i) -> __m256i {
+pub(super) fn dot_us(w: __m256i, a: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1))
 }
 

@@ -18,10 +18,20 @@
 //!
 //! Every kernel here is defined to the bit (the SIMD twins in `wq_avx2` reproduce it):
 //!
-//! * `I8` and `U4` against [`BlockQ8`] activations: per 32-column chunk the exact
-//!   integer lanes of `(q - zero) · q_x` (the `lanes` of `dot_scalar`), multiplied into
-//!   eight f32 lanes with `fma(lane, scale_w · d_x, acc)`, then `hsum8`. For `I8` the
-//!   row scale is applied once at the end by the matmul driver (`· scale_row`).
+//! * `I8` against [`BlockQ8`] activations: per 32-column chunk the exact integer lanes
+//!   of `q · q_x` (the `lanes` of `dot_scalar`), multiplied into eight f32 lanes with
+//!   `fma(lane, d_x, acc)`, then `hsum8`; the matmul driver applies the row scale once
+//!   at the end (`· scale_row`).
+//! * `U4` against [`BlockQ8`] activations, the zero point taken out once per group
+//!   rather than from every weight (as ggml's Q4_1 does with its `m · s` term):
+//!   `Σ_g scale_g · Σ_b d_b Σ_e q_e x_e  −  Σ_g scale_g · zero_g · Σ_b d_b Σ_e x_e`.
+//!   Per group, eight f32 lanes start at zero and take `fma(lane, d_x, acc_g)` for each
+//!   chunk's exact integer lanes of `q · q_x` (`q` the raw nibbles, 0..=15); then
+//!   `acc = fma(acc_g, scale_g, acc)` lane by lane, and `corr = fma(scale_g · zero_g,
+//!   m_g, corr)` with `m_g` the chunks' [`u4_act_sums`] added in order. The result is
+//!   `hsum8(acc) − corr`. The activation sums are made once per activation row and
+//!   shared by every weight, so the inner loop is unpack, `maddubs`, `madd`, convert
+//!   and one FMA per chunk.
 //! * `I8` against activations quantized per token (W8A8, [`quantize_row_i8_tok`]): the
 //!   exact i32 sum of the whole row, converted to f32; the driver multiplies by the
 //!   weight row's scale and then the token's.
@@ -250,16 +260,27 @@ pub fn quantize_row_i8_tok(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 /// Dot products of one `U4` row against `n_act` rows of [`BlockQ8`] activations (see
-/// the module docs); `scales`/`zeros` are the row's groups.
+/// the module docs); `scales`/`zeros` are the row's groups, `sums` the activations'
+/// [`u4_act_sums`].
 pub type DotU4Fn = fn(
     w_row: &[u8],
     scales: &[f32],
     zeros: Option<&[u8]>,
     group: usize,
     acts: &[BlockQ8],
+    sums: &[f32],
     n_act: usize,
     out: &mut [f32; 4],
 );
+
+/// `d · Σ qs` of each activation block (one f32 rounding of an exact integer sum),
+/// the term a `U4` kernel multiplies by a group's zero point.
+pub fn u4_act_sums(acts: &[BlockQ8], out: &mut [f32]) {
+    assert_eq!(acts.len(), out.len(), "one sum per activation block");
+    for (o, y) in out.iter_mut().zip(acts) {
+        *o = y.d * y.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
+    }
+}
 
 /// Dot products of one `I8` row against `n_act` token rows quantized by
 /// [`quantize_row_i8_tok`] (`acts` holds them back to back): the exact integer sums.
@@ -273,10 +294,12 @@ pub(super) fn check_u4(
     zeros: Option<&[u8]>,
     group: usize,
     acts: &[BlockQ8],
+    sums: &[f32],
     n_act: usize,
 ) -> usize {
     assert!((1..=4).contains(&n_act), "n_act must be 1..=4, got {n_act}");
     assert!(acts.len().is_multiple_of(n_act), "ragged activation rows");
+    assert_eq!(sums.len(), acts.len(), "one activation sum per block");
     let nb = acts.len() / n_act;
     let cols = nb * 32;
     assert_eq!(
@@ -296,38 +319,50 @@ pub(super) fn check_u4(
     nb
 }
 
-/// The 32 values `q - zero` of chunk `b` of a `U4` row.
+/// The 32 raw nibbles (0..=15) of chunk `b` of a `U4` row, in element order.
 #[inline(always)]
-fn u4_chunk(w_row: &[u8], b: usize, zero: u8) -> [i8; 32] {
+fn u4_chunk(w_row: &[u8], b: usize) -> [i8; 32] {
     let bytes = &w_row[16 * b..16 * b + 16];
     let mut q = [0i8; 32];
     for (j, &v) in bytes.iter().enumerate() {
-        q[2 * j] = (v & 0xF) as i8 - zero as i8;
-        q[2 * j + 1] = (v >> 4) as i8 - zero as i8;
+        q[2 * j] = (v & 0xF) as i8;
+        q[2 * j + 1] = (v >> 4) as i8;
     }
     q
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn dot_u4(
     w_row: &[u8],
     scales: &[f32],
     zeros: Option<&[u8]>,
     group: usize,
     acts: &[BlockQ8],
+    sums: &[f32],
     n_act: usize,
     out: &mut [f32; 4],
 ) {
-    let nb = check_u4(w_row, scales, zeros, group, acts, n_act);
+    let nb = check_u4(w_row, scales, zeros, group, acts, sums, n_act);
     let per_group = group / 32;
     for (i, o) in out.iter_mut().take(n_act).enumerate() {
-        let a = &acts[i * nb..(i + 1) * nb];
+        let (a, sm) = (&acts[i * nb..(i + 1) * nb], &sums[i * nb..(i + 1) * nb]);
         let mut acc = [0f32; 8];
-        for (b, y) in a.iter().enumerate() {
-            let g = b / per_group;
-            let q = u4_chunk(w_row, b, zeros.map_or(8, |z| z[g]));
-            fma_lanes(&mut acc, lanes(&q, &y.qs), scales[g] * y.d);
+        let mut corr = 0f32;
+        for (g, &s) in scales.iter().enumerate() {
+            let blocks = g * per_group..(g + 1) * per_group;
+            let mut acc_g = [0f32; 8];
+            let mut m = 0f32;
+            for b in blocks {
+                fma_lanes(&mut acc_g, lanes(&u4_chunk(w_row, b), &a[b].qs), a[b].d);
+                m += sm[b];
+            }
+            for (acc, v) in acc.iter_mut().zip(acc_g) {
+                *acc = v.mul_add(s, *acc);
+            }
+            let zero = zeros.map_or(8, |z| z[g]);
+            corr = (s * zero as f32).mul_add(m, corr);
         }
-        *o = hsum8(acc);
+        *o = hsum8(acc) - corr;
     }
 }
 

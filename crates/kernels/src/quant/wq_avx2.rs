@@ -1,6 +1,6 @@
 //! AVX2 twins of the checkpoint-format kernels of `wq`, bit for bit.
 
-use super::dot_avx2::{act, dot_ss, fma_block, hsum_epi32, hsum_ps, ld256};
+use super::dot_avx2::{act, dot_ss, dot_us, fma_block, hsum_epi32, hsum_ps, ld256};
 use super::dot_scalar::{check_f32, check_q};
 use super::wq::{check_i8_tok, check_u4};
 use super::{BlockQ8, GgmlType};
@@ -39,6 +39,25 @@ pub(super) fn dot_i8(w_row: &[u8], acts: &[BlockQ8], n_act: usize, out: &mut [f3
     }
 }
 
+/// The 32 nibbles of 16 `U4` bytes at `p` in element order (element `2j` is the low
+/// nibble of byte `j`): each byte widened to a 16-bit lane `0x00hl` becomes `0x0h0l`.
+///
+/// # Safety
+/// `p..p+16` must be readable.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn u4_nibbles(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 16 readable bytes.
+    let x = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(p.cast()) });
+    _mm256_and_si256(
+        _mm256_or_si256(x, _mm256_slli_epi16::<4>(x)),
+        _mm256_set1_epi16(0x0F0F),
+    )
+}
+
+/// # Safety
+/// AVX2 and FMA available; `w` holds `nb` chunks of 16 bytes, `a` and `sums` hold `N`
+/// rows of `nb` blocks, `scales` (and `zeros`) one entry per `per_group` chunks.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn u4_imp<const N: usize>(
@@ -47,52 +66,61 @@ unsafe fn u4_imp<const N: usize>(
     zeros: Option<&[u8]>,
     per_group: usize,
     a: *const BlockQ8,
+    sums: *const f32,
     nb: usize,
     out: &mut [f32; 4],
 ) {
     let mut acc = [_mm256_setzero_ps(); N];
-    let m4 = _mm_set1_epi8(0x0F);
-    // Group by group, so that finding a block's scale and zero point takes no division.
+    let mut corr = [0f32; N];
     for (g, &s) in scales.iter().enumerate().take(nb / per_group) {
-        let zero = _mm256_set1_epi8(zeros.map_or(8, |z| z[g]) as i8);
-        for b in g * per_group..(g + 1) * per_group {
+        let b0 = g * per_group;
+        let mut acc_g = [_mm256_setzero_ps(); N];
+        for b in b0..b0 + per_group {
             // SAFETY: the row holds `nb` chunks of 16 bytes (checked by the wrapper).
-            let t = unsafe { _mm_loadu_si128(w.add(16 * b).cast()) };
-            let lo = _mm_and_si128(t, m4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(t), m4);
-            let q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-            let q = _mm256_sub_epi8(q, zero);
-            let qa = _mm256_sign_epi8(q, q);
-            for (i, acc) in acc.iter_mut().enumerate() {
+            let q = unsafe { u4_nibbles(w.add(16 * b)) };
+            for (i, acc_g) in acc_g.iter_mut().enumerate() {
                 // SAFETY: `a` holds N rows of `nb` blocks.
                 let y = unsafe { &*a.add(i * nb + b) };
-                *acc = fma_block(dot_ss(qa, q, act(y)), s * y.d, *acc);
+                let p = _mm256_cvtepi32_ps(dot_us(q, act(y)));
+                *acc_g = _mm256_fmadd_ps(p, _mm256_set1_ps(y.d), *acc_g);
             }
         }
+        let zs = s * zeros.map_or(8, |z| z[g]) as f32;
+        for i in 0..N {
+            acc[i] = _mm256_fmadd_ps(acc_g[i], _mm256_set1_ps(s), acc[i]);
+            let mut m = 0f32;
+            for b in b0..b0 + per_group {
+                // SAFETY: `sums` holds N rows of `nb` values.
+                m += unsafe { *sums.add(i * nb + b) };
+            }
+            corr[i] = zs.mul_add(m, corr[i]);
+        }
     }
-    for (o, acc) in out.iter_mut().zip(acc) {
-        *o = hsum_ps(acc);
+    for ((o, acc), c) in out.iter_mut().zip(acc).zip(corr) {
+        *o = hsum_ps(acc) - c;
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn dot_u4(
     w_row: &[u8],
     scales: &[f32],
     zeros: Option<&[u8]>,
     group: usize,
     acts: &[BlockQ8],
+    sums: &[f32],
     n_act: usize,
     out: &mut [f32; 4],
 ) {
-    let nb = check_u4(w_row, scales, zeros, group, acts, n_act);
-    let (w, a, pg) = (w_row.as_ptr(), acts.as_ptr(), group / 32);
+    let nb = check_u4(w_row, scales, zeros, group, acts, sums, n_act);
+    let (w, a, sm, pg) = (w_row.as_ptr(), acts.as_ptr(), sums.as_ptr(), group / 32);
     // SAFETY: shapes checked above; handed out only when AVX2 + FMA were detected.
     unsafe {
         match n_act {
-            1 => u4_imp::<1>(w, scales, zeros, pg, a, nb, out),
-            2 => u4_imp::<2>(w, scales, zeros, pg, a, nb, out),
-            3 => u4_imp::<3>(w, scales, zeros, pg, a, nb, out),
-            _ => u4_imp::<4>(w, scales, zeros, pg, a, nb, out),
+            1 => u4_imp::<1>(w, scales, zeros, pg, a, sm, nb, out),
+            2 => u4_imp::<2>(w, scales, zeros, pg, a, sm, nb, out),
+            3 => u4_imp::<3>(w, scales, zeros, pg, a, sm, nb, out),
+            _ => u4_imp::<4>(w, scales, zeros, pg, a, sm, nb, out),
         }
     }
 }
