@@ -17,7 +17,7 @@ fi
 # `cargo build --release` would compile the whole graph a second time with the
 # release profile's settings.
 cargo test --workspace --release --no-run
-for m in smollm2-135m qwen2.5-coder-0.5b; do
+for m in smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
     target/release/pagellm models pull "$m"
 done
 cargo test --workspace --release

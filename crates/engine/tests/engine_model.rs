@@ -80,7 +80,17 @@ fn run_staggered(
     reqs: Vec<(Vec<u32>, RequestParams)>,
     head: usize,
 ) -> (Vec<Outcome>, EngineCore) {
-    let mut core = EngineCore::new(model(), config).unwrap();
+    run_on(model(), config, reqs, head)
+}
+
+/// [`run_staggered`] on model `m`.
+fn run_on(
+    m: Arc<LoadedModel>,
+    config: &EngineConfig,
+    reqs: Vec<(Vec<u32>, RequestParams)>,
+    head: usize,
+) -> (Vec<Outcome>, EngineCore) {
+    let mut core = EngineCore::new(m, config).unwrap();
     let logits: Arc<Mutex<HashMap<RequestId, Vec<u64>>>> = Arc::default();
     let sink = logits.clone();
     core.set_logits_probe(Some(Box::new(move |id, row: &[f32]| {
@@ -143,12 +153,46 @@ fn random_prompt(rng: &mut impl Rng, len: usize) -> Vec<u32> {
 #[test]
 fn results_do_not_depend_on_batch_chunking_or_preemption() {
     let _g = serial();
-    let m = model();
+    check_batch_invariance(model(), 11);
+}
+
+/// The same on a model in K-quants (Q4_K and Q6_K matrices), whose kernels llama.cpp
+/// switches with the batch size and pagellm does not.
+#[test]
+fn k_quant_results_do_not_depend_on_batch_chunking_or_preemption() {
+    let _g = serial();
+    let path = registry::pull("qwen2.5-coder-1.5b", false)
+        .expect("model in cache (scripts/test.sh pulls it)");
+    let m = Arc::new(load_gguf(&path).unwrap());
+    let types: std::collections::HashSet<&str> = m
+        .transformer
+        .layers
+        .iter()
+        .flat_map(|l| [&l.attn_q, &l.attn_v, &l.ffn_down])
+        .map(|t| t.ty.name())
+        .collect();
+    assert!(
+        types.contains("Q4_K") && types.contains("Q6_K"),
+        "expected a K-quant model, got {types:?}"
+    );
+    check_batch_invariance(m, 4);
+}
+
+/// A target request's tokens and logits (bit for bit) alone, among 16 others of
+/// lengths `5 + i * len_step`, with 16-token chunks, and after preemption.
+fn check_batch_invariance(m: Arc<LoadedModel>, len_step: usize) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let target = (random_prompt(&mut rng, 40), greedy(24));
     let others: Vec<_> = (0..16)
-        .map(|i| (random_prompt(&mut rng, 5 + i * 11), greedy(12 + i % 5 * 4)))
+        .map(|i| {
+            (
+                random_prompt(&mut rng, 5 + i * len_step),
+                greedy(12 + i % 5 * 4),
+            )
+        })
         .collect();
+    let run_all = |config: &EngineConfig, reqs| run_on(m.clone(), config, reqs, 0);
+    let run_staggered = |config: &EngineConfig, reqs, head| run_on(m.clone(), config, reqs, head);
 
     let (alone, _) = run_all(&config(), vec![target.clone()]);
     assert_eq!(alone[0].tokens.len(), 24);

@@ -9,7 +9,7 @@ use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criteri
 use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_kernels::quant::{
-    dot_kernel_for, dot_kernel_ref_for, quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k,
+    dot_kernel, dot_kernel_ref, quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k,
     quantize_row_q8k_ref, ActQuant, BlockQ8, BlockQ8K, DotKernel, GgmlType, QuantParams,
 };
 use rand::{Rng, SeedableRng};
@@ -68,17 +68,6 @@ fn activations(k: DotKernel, cols: usize, n: usize, rng: &mut impl Rng) -> Acts 
     }
 }
 
-/// `(label, w_rows, n_rows)` selecting llama.cpp's paths: decoding (one row) and
-/// prefill (many rows), with a weight of a multiple of 8 rows; the K-quants also
-/// without (only Q4_K's path depends on it).
-fn paths(ty: GgmlType) -> &'static [(&'static str, usize, usize)] {
-    match ty {
-        GgmlType::Q4_K => &[("", 8, 1), ("/tiled", 7, 8)],
-        GgmlType::Q5_K | GgmlType::Q6_K => &[("", 8, 1), ("/tiled", 8, 8)],
-        _ => &[("", 8, 1)],
-    }
-}
-
 fn bench_dot(c: &mut Criterion) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let types = [
@@ -89,11 +78,8 @@ fn bench_dot(c: &mut Criterion) {
         GgmlType::Q6_K,
     ];
     for (kind, pick) in [
-        (
-            "dot",
-            dot_kernel_for as fn(GgmlType, usize, usize) -> DotKernel,
-        ),
-        ("dot_ref", dot_kernel_ref_for),
+        ("dot", dot_kernel as fn(GgmlType) -> DotKernel),
+        ("dot_ref", dot_kernel_ref),
     ] {
         let mut g = c.benchmark_group(kind);
         for ty in types {
@@ -101,8 +87,8 @@ fn bench_dot(c: &mut Criterion) {
             if kind == "dot_ref" && !matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
                 continue;
             }
-            for &(label, w_rows, n_rows) in paths(ty) {
-                let k = pick(ty, w_rows, n_rows);
+            {
+                let k = pick(ty);
                 for cols in bench_cols(ty) {
                     let w = weights(ty, cols, &mut rng);
                     let rb = ty.row_bytes(cols).unwrap();
@@ -110,7 +96,7 @@ fn bench_dot(c: &mut Criterion) {
                         let acts = activations(k, cols, n_act, &mut rng);
                         g.throughput(Throughput::Bytes(rb as u64));
                         g.bench_with_input(
-                            BenchmarkId::new(format!("{}{label}/n{n_act}", ty.name()), cols),
+                            BenchmarkId::new(format!("{}/n{n_act}", ty.name()), cols),
                             &cols,
                             |b, _| {
                                 let mut r = 0;

@@ -8,15 +8,16 @@
 //! bits of the per-pair kernel, which handles the rows left over.
 //!
 //! Architecture invariant: the value of `out[i][r]` never depends on how the work was
-//! split between threads. For 32-element formats and float weights it depends only on
-//! activation row `i` and weight row `r` (batch invariance); K-quant kernels follow
-//! llama.cpp's batch-size-dependent paths on purpose (see `quant::dot_kernel_for`), and
-//! the Q4_K one relies on activation rows arriving in groups of four from row 0.
+//! split between threads, and for every weight format it depends only on activation
+//! row `i` and weight row `r` (batch invariance): no kernel changes its arithmetic
+//! with the batch size.
 
+use crate::cpu::Numerics;
+use crate::ops;
 use crate::pool::{SyncPtr, ThreadPool};
 use crate::quant::wq::{quantize_row_i8_tok, u4_act_sums};
 use crate::quant::{
-    dot_kernel_for, dot_kernel_i8_tok, pack_scales4, quantize_row_q8, quantize_row_q8k,
+    dot_kernel, dot_kernel_i8_tok, pack_scales4, quantize_row_q8, quantize_row_q8k,
     tile_kernel_for, ActQuant, ActScales4, BlockQ8, BlockQ8K, DotI8TokFn, DotKernel, GgmlType,
     QuantParams, TileQ8Fn, TILE_W,
 };
@@ -54,12 +55,12 @@ enum Kernel {
     I8Tok(DotI8TokFn),
 }
 
-fn kernel_for(w: &WeightRef<'_>, n_rows: usize) -> Kernel {
+fn kernel_for(w: &WeightRef<'_>) -> Kernel {
     match w.params {
         Some(p) if w.ty == GgmlType::I8 && p.act == ActQuant::PerToken => {
             Kernel::I8Tok(dot_kernel_i8_tok())
         }
-        _ => Kernel::Dot(dot_kernel_for(w.ty, w.rows, n_rows)),
+        _ => Kernel::Dot(dot_kernel(w.ty)),
     }
 }
 
@@ -88,6 +89,8 @@ pub struct Activations {
     /// `perm`), and `f32` gathered into it.
     order: Option<Vec<u32>>,
     gathered: Vec<f32>,
+    /// Fast kernels, or the float reference path (see [`Numerics`]).
+    numerics: Numerics,
 }
 
 impl Activations {
@@ -107,7 +110,18 @@ impl Activations {
             tok_valid: false,
             order: None,
             gathered: Vec::new(),
+            numerics: crate::cpu::default_numerics(),
         }
+    }
+
+    /// The arithmetic of every product with these activations.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    /// Chooses the arithmetic of every product with these activations.
+    pub fn set_numerics(&mut self, numerics: Numerics) {
+        self.numerics = numerics;
     }
 
     /// Resizes to (n_rows, cols) and returns the f32 buffer to fill. Invalidates the
@@ -258,6 +272,12 @@ pub fn matmul(pool: &ThreadPool, x: &mut Activations, w: WeightRef<'_>, out: &mu
 /// so the threads meet at one barrier instead of one per weight.
 pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob<'_, '_>]) {
     let n = x.n_rows;
+    if x.numerics == Numerics::Reference {
+        for j in jobs.iter_mut() {
+            matmul_reference(pool, &x.f32[..n * x.cols], n, j.w, j.out);
+        }
+        return;
+    }
     // Act-order weights take their input gathered into their column order; jobs sharing
     // one input share one order.
     let order = jobs
@@ -283,7 +303,7 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
             j.w.ty.name(),
             if j.w.params.is_some() { "" } else { "out" }
         );
-        x.quantize_for(&kernel_for(&j.w, n));
+        x.quantize_for(&kernel_for(&j.w));
     }
     let x = &*x;
     // Tiles of all jobs laid end to end; each thread takes a contiguous share of tiles,
@@ -302,9 +322,8 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
         .map(|j| (SyncPtr(j.out.as_mut_ptr()), j.w.rows))
         .collect();
     let ws: Vec<WeightRef<'_>> = jobs.iter().map(|j| j.w).collect();
-    // The kernel reproducing llama.cpp's path for this product (it depends on the batch
-    // size; for repacked Q4_K also on rows arriving in groups of four from row 0).
-    let kernels: Vec<Kernel> = ws.iter().map(|w| kernel_for(w, n)).collect();
+    // One kernel per weight type, whatever the batch size.
+    let kernels: Vec<Kernel> = ws.iter().map(kernel_for).collect();
     // Register-tiled kernels (TILE_W weight rows x 4 activation rows) where one exists;
     // they give every pair the per-pair kernel's bits, so the split does not matter.
     let tiled: Vec<Option<TileQ8Fn>> = ws
@@ -405,21 +424,55 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
     });
 }
 
-/// The plain definition, for tests: dequantize every row and take f32 dot products.
-pub fn matmul_ref(x: &[f32], n_rows: usize, w: WeightRef<'_>, out: &mut [f32]) {
+/// Row `r` of `w` dequantized to f32, in input order.
+fn dequantize_weight_row(w: &WeightRef<'_>, r: usize, dst: &mut [f32]) {
     let rb = w.ty.row_bytes(w.cols).expect("whole blocks");
-    let mut wrow = vec![0f32; w.cols];
-    for r in 0..w.rows {
-        let src = &w.data[r * rb..(r + 1) * rb];
-        match w.params {
-            Some(p) => crate::quant::wq::dequantize_row_wq(w.ty, p, r, src, &mut wrow),
-            None => crate::quant::dequantize_row(w.ty, src, &mut wrow),
-        }
-        for i in 0..n_rows {
-            let xi = &x[i * w.cols..(i + 1) * w.cols];
-            out[i * w.rows + r] = xi.iter().zip(&wrow).map(|(a, b)| a * b).sum();
-        }
+    let src = &w.data[r * rb..(r + 1) * rb];
+    match w.params {
+        Some(p) => crate::quant::wq::dequantize_row_wq(w.ty, p, r, src, dst),
+        None => crate::quant::dequantize_row(w.ty, src, dst),
     }
+}
+
+/// The float reference product ([`Numerics::Reference`]): `out = x · Wᵀ` with each
+/// weight row dequantized to f32 and dotted with the f32 activations `x` (`n_rows` rows
+/// in input order) by [`ops::dot_lanes8`], whose fixed summation order gives the same
+/// bits on every machine, whatever the thread split or batch.
+pub fn matmul_reference(
+    pool: &ThreadPool,
+    x: &[f32],
+    n_rows: usize,
+    w: WeightRef<'_>,
+    out: &mut [f32],
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    assert_eq!(
+        x.len(),
+        n_rows * cols,
+        "activations do not match the weight's columns"
+    );
+    assert!(out.len() >= n_rows * rows, "output buffer too small");
+    assert!(w.data.len() >= rows * w.ty.row_bytes(cols).expect("whole blocks"));
+    let outp = SyncPtr(out.as_mut_ptr());
+    pool.run(&|t, nt| {
+        let per = rows.div_ceil(nt);
+        let mut wrow = vec![0f32; cols];
+        for r in (t * per).min(rows)..((t + 1) * per).min(rows) {
+            dequantize_weight_row(&w, r, &mut wrow);
+            for i in 0..n_rows {
+                let v = ops::dot_lanes8(&x[i * cols..(i + 1) * cols], &wrow);
+                // SAFETY: row `r` belongs to this thread alone; the index is checked
+                // against `out` above.
+                unsafe { *outp.get().add(i * rows + r) = v };
+            }
+        }
+    });
+}
+
+/// The plain definition, for tests: dequantize every row and take f32 dot products
+/// ([`matmul_reference`] on one thread).
+pub fn matmul_ref(x: &[f32], n_rows: usize, w: WeightRef<'_>, out: &mut [f32]) {
+    matmul_reference(&ThreadPool::new(1), x, n_rows, w, out);
 }
 
 #[cfg(test)]
@@ -498,6 +551,21 @@ mod tests {
         v
     }
 
+    /// Random weights of `ty` (`rows` × `blocks` blocks) and `n` activation rows.
+    fn random_product(
+        seed: u64,
+        ty: GgmlType,
+        n: usize,
+        rows: usize,
+        blocks: usize,
+    ) -> (Vec<u8>, Vec<f32>, usize) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let cols = blocks * 32;
+        let data = rows_of(ty, &mut rng, rows, cols);
+        let x = (0..n * cols).map(|_| rng.gen_range(-2f32..2.0)).collect();
+        (data, x, cols)
+    }
+
     const TILED_TYPES: [GgmlType; 5] = [
         GgmlType::Q4_1,
         GgmlType::Q5_1,
@@ -521,18 +589,15 @@ mod tests {
             pick in 0usize..70,
         ) {
             let ty = TILED_TYPES[ty_i];
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let cols = blocks * 32;
-            let data = rows_of(ty, &mut rng, rows, cols);
+            let (data, x, cols) = random_product(seed, ty, n, rows, blocks);
             let w = WeightRef::plain(ty, &data, rows, cols);
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2f32..2.0)).collect();
             let pool = ThreadPool::new(2);
             let mut act = Activations::new();
             act.reset(n, cols).copy_from_slice(&x);
             let mut out = vec![0f32; n * rows];
             matmul(&pool, &mut act, w, &mut out);
             // Pair by pair with the per-row kernel.
-            let DotKernel::Q8(f) = dot_kernel_for(ty, rows, n) else { unreachable!() };
+            let DotKernel::Q8(f) = dot_kernel(ty) else { unreachable!() };
             let rb = ty.row_bytes(cols).unwrap();
             let mut q = vec![BlockQ8::default(); blocks];
             for i in 0..n {
@@ -554,6 +619,51 @@ mod tests {
             matmul(&pool, &mut one, w, &mut out1);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             prop_assert_eq!(bits(&out1), bits(&out[i * rows..(i + 1) * rows]));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// The float reference path gives the same bits whatever the thread split and
+        /// whichever rows share the batch, and is the dequantized weights' dot product
+        /// with the unquantized activations to f32 rounding.
+        #[test]
+        fn reference_path_is_invariant_and_unquantized(
+            seed in 0u64..1_000_000,
+            ty_i in 0usize..TILED_TYPES.len(),
+            n in 1usize..=9,
+            rows in 1usize..=20,
+            blocks in 1usize..=5,
+            pick in 0usize..9,
+        ) {
+            let ty = TILED_TYPES[ty_i];
+            let (data, x, cols) = random_product(seed, ty, n, rows, blocks);
+            let w = WeightRef::plain(ty, &data, rows, cols);
+            let run = |threads: usize, x: &[f32]| {
+                let mut act = Activations::new();
+                act.set_numerics(Numerics::Reference);
+                let m = x.len() / cols;
+                act.reset(m, cols).copy_from_slice(x);
+                let mut out = vec![0f32; m * rows];
+                matmul(&ThreadPool::new(threads), &mut act, w, &mut out);
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let two = run(2, &x);
+            prop_assert_eq!(&two, &run(1, &x));
+            let i = pick % n;
+            prop_assert_eq!(&two[i * rows..(i + 1) * rows], &run(2, &x[i * cols..(i + 1) * cols])[..]);
+            let rb = ty.row_bytes(cols).unwrap();
+            let mut wf = vec![0f32; cols];
+            for r in 0..rows {
+                crate::quant::dequantize_row(ty, &data[r * rb..(r + 1) * rb], &mut wf);
+                for i in 0..n {
+                    let xi = &x[i * cols..(i + 1) * cols];
+                    let exact: f64 = wf.iter().zip(xi).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mass: f64 = wf.iter().zip(xi).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                    let got = f32::from_bits(two[i * rows + r]) as f64;
+                    prop_assert!((got - exact).abs() <= 1e-6 * mass + 1e-9, "{} vs {}", got, exact);
+                }
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Properties of the GGML quant formats: SIMD dot products against their scalar twins
-//! (bit for bit, on every llama.cpp path), scalar dot products against the dequantized
+//! Properties of the GGML quant formats: SIMD dot products (and tiles) of every kernel
+//! family this CPU runs against their scalar twins (bit for bit), scalar dot products against the dequantized
 //! f32 dot product, activation quantization (SIMD vs scalar bit for bit, and the exact
 //! definition of ggml's quantizers), the float arithmetic of each kernel on crafted
 //! blocks, and hand-built blocks whose values are computed from the format description
@@ -7,10 +7,11 @@
 //! under test.
 
 use half::{bf16, f16};
+use pagellm_kernels::cpu::{level_name, supported, LEVELS};
 use pagellm_kernels::quant::{
-    dequantize_row, dot_kernel, dot_kernel_for, dot_kernel_ref, dot_kernel_ref_for,
-    quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k, quantize_row_q8k_ref, BlockQ8,
-    BlockQ8K, DotKernel, GgmlType,
+    dequantize_row, dot_kernel, dot_kernel_at, dot_kernel_ref, pack_scales4, quantize_row_q8,
+    quantize_row_q8_ref, quantize_row_q8k, quantize_row_q8k_ref, tile_kernel_at, BlockQ8, BlockQ8K,
+    DotKernel, GgmlType, TILE_W,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -26,6 +27,15 @@ const ALL: [GgmlType; 11] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+];
+
+/// The formats with tile kernels.
+const TILE_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
 ];
 
 /// Byte offsets of the f16 scale fields inside one block (from ggml-common.h); every
@@ -221,29 +231,20 @@ fn q8_1_min_slack(c: &Case, q: &Quantized, r: usize) -> f64 {
         .sum()
 }
 
-/// `(w_rows, n_rows)` of products selecting each of llama.cpp's paths: single rows,
-/// small and large batches, weights with and without a multiple of 8 rows.
-const SHAPES: [(usize, usize); 4] = [(8, 1), (8, 8), (7, 1), (7, 8)];
-
-/// Whether rows fed four at a time may differ from rows fed alone: the repacked Q4_K
-/// uses llama.cpp's 4-row gemm arithmetic for groups of four.
-fn groups_of_four_differ(ty: GgmlType, w_rows: usize) -> bool {
-    ty == GgmlType::Q4_K && w_rows.is_multiple_of(8)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
 
-    /// (1) On every llama.cpp path, the dispatched kernel equals the scalar twin bit for
-    /// bit, for every n_act, and a row's result does not depend on n_act (except for the
-    /// repacked Q4_K's groups of four).
+    /// (1) The kernel of every SIMD family this CPU runs equals the scalar twin bit for
+    /// bit, for every n_act, and a row's result does not depend on n_act (batch
+    /// invariance, every format).
     #[test]
     fn fast_kernel_matches_reference(c in any_case()) {
         let q = quantize_both(&c);
-        for (w_rows, n_rows) in SHAPES {
-            let (fk, rk) = (dot_kernel_for(c.ty, w_rows, n_rows), dot_kernel_ref_for(c.ty, w_rows, n_rows));
+        for level in LEVELS {
+            let Some(fk) = dot_kernel_at(level, c.ty) else { continue };
+            let rk = dot_kernel_ref(c.ty);
             if matches!(fk, DotKernel::Q8K(_)) && q.q8k.is_empty() {
-                continue;
+                return Ok(());
             }
             let fast = run(fk, &c, &q, c.n_act, 0);
             let reference = run(rk, &c, &q, c.n_act, 0);
@@ -255,7 +256,7 @@ proptest! {
                 if c.ty.is_quantized() {
                     prop_assert_eq!(
                         fast[r].to_bits(), reference[r].to_bits(),
-                        "{} {:?} cols={} row {}: fast {} ref {}", c.ty.name(), (w_rows, n_rows), c.cols, r, fast[r], reference[r]
+                        "{} {} cols={} row {}: fast {} ref {}", level_name(level), c.ty.name(), c.cols, r, fast[r], reference[r]
                     );
                 } else {
                     let mut wf = vec![0f32; c.cols];
@@ -265,13 +266,47 @@ proptest! {
                     prop_assert!(((fast[r] - reference[r]) as f64).abs() <= tol,
                         "{} row {}: fast {} ref {}", c.ty.name(), r, fast[r], reference[r]);
                 }
-                if c.n_act == 4 && groups_of_four_differ(c.ty, w_rows) {
-                    continue;
-                }
                 let alone = run(fk, &c, &q, 1, r);
                 prop_assert_eq!(alone[0].to_bits(), fast[r].to_bits(), "batch variance in row {}", r);
                 let alone = run(rk, &c, &q, 1, r);
                 prop_assert_eq!(alone[0].to_bits(), reference[r].to_bits(), "batch variance in ref row {}", r);
+            }
+        }
+    }
+
+    /// (1b) Every tile kernel (two weight rows by four activation rows) of every SIMD
+    /// family this CPU runs gives each pair the scalar twin's bits.
+    #[test]
+    fn tile_kernels_match_reference(
+        ty in proptest::sample::select(TILE_TYPES.to_vec()),
+        rows in vec(any::<u8>(), TILE_W * 48 * 34),
+        scales in vec(scale(), TILE_W * 48 * 2),
+        x in vec(activation(), 4 * 48 * 32),
+        blocks in 1usize..=48,
+    ) {
+        let (rb, cols) = (ty.row_bytes(blocks * 32).unwrap(), blocks * 32);
+        let mut w = rows[..TILE_W * rb].to_vec();
+        let fields = f16_fields(ty);
+        for (k, s) in scales.iter().take(TILE_W * blocks * fields.len()).enumerate() {
+            let off = (k / fields.len()) * ty.block_bytes() + fields[k % fields.len()];
+            w[off..off + 2].copy_from_slice(&h(*s));
+        }
+        let x: Vec<f32> = x[..4 * cols].to_vec();
+        let q = quantize(&x);
+        let mut packed = vec![Default::default(); blocks];
+        pack_scales4(&q, &mut packed);
+        let DotKernel::Q8(pair) = dot_kernel_ref(ty) else { unreachable!() };
+        for level in LEVELS {
+            let Some(tile) = tile_kernel_at(level, ty) else { continue };
+            let mut out = [[f32::NAN; 4]; TILE_W];
+            tile(&w, &q, &packed, &mut out);
+            for (j, out) in out.iter().enumerate() {
+                for (r, got) in out.iter().enumerate() {
+                    let mut want = [0f32; 4];
+                    pair(&w[j * rb..(j + 1) * rb], &q[r * blocks..(r + 1) * blocks], 1, &mut want);
+                    prop_assert_eq!(got.to_bits(), want[0].to_bits(),
+                        "{} {} weight row {} act row {}: {} vs {}", level_name(level), ty.name(), j, r, got, want[0]);
+                }
             }
         }
     }
@@ -283,10 +318,10 @@ proptest! {
         let q = quantize_both(&c);
         let mut wf = vec![0f32; c.cols];
         dequantize_row(c.ty, &c.w, &mut wf);
-        for (w_rows, n_rows) in SHAPES {
-            let k = dot_kernel_ref_for(c.ty, w_rows, n_rows);
+        {
+            let k = dot_kernel_ref(c.ty);
             if matches!(k, DotKernel::Q8K(_)) && q.q8k.is_empty() {
-                continue;
+                return Ok(());
             }
             let a = seen_activations(k, &c, &q);
             let got = run(k, &c, &q, c.n_act, 0);
@@ -295,7 +330,7 @@ proptest! {
                 let tol = 2e-5 * mass + 1e-6 + q8_1_min_slack(&c, &q, r);
                 prop_assert!(
                     (*got as f64 - want).abs() <= tol,
-                    "{} {:?} cols={} row {}: got {} want {} tol {}", c.ty.name(), (w_rows, n_rows), c.cols, r, got, want, tol
+                    "{} cols={} row {}: got {} want {} tol {}", c.ty.name(), c.cols, r, got, want, tol
                 );
             }
         }
@@ -589,13 +624,7 @@ fn q6_k_known_values() {
         let mut x = vec![0f32; 256];
         x[e] = 1.0;
         let q8 = quantize_k(&x);
-        let kernels = SHAPES.iter().flat_map(|&(w, n)| {
-            [
-                dot_kernel_for(GgmlType::Q6_K, w, n),
-                dot_kernel_ref_for(GgmlType::Q6_K, w, n),
-            ]
-        });
-        for k in kernels {
+        for k in [dot_kernel(GgmlType::Q6_K), dot_kernel_ref(GgmlType::Q6_K)] {
             let DotKernel::Q8K(f) = k else {
                 panic!("Q6_K must use Q8_K activations")
             };
@@ -716,19 +745,35 @@ fn dot_of_known_rows() {
     }
 }
 
+/// Which SIMD families the property tests above ran here, and which they could not
+/// (the CPU lacks them), by name; the families a CPU has are all offered.
+#[test]
+fn simd_families_run_here() {
+    for level in LEVELS {
+        let offered = dot_kernel_at(level, GgmlType::Q4_0).is_some();
+        assert_eq!(offered, level <= supported(), "{}", level_name(level));
+        if offered {
+            eprintln!("kernel family {}: run", level_name(level));
+        } else {
+            eprintln!(
+                "kernel family {}: NOT RUN (this CPU lacks it)",
+                level_name(level)
+            );
+        }
+    }
+}
+
 #[test]
 fn kernel_families() {
     for ty in ALL {
-        for (w, n) in SHAPES {
-            for k in [dot_kernel_for(ty, w, n), dot_kernel_ref_for(ty, w, n)] {
-                let family = match k {
-                    DotKernel::Q8(_) => 32,
-                    DotKernel::Q8K(_) => 256,
-                    DotKernel::F32(_) => 1,
-                    DotKernel::U4(_) => unreachable!("not in ALL"),
-                };
-                assert_eq!(family, ty.block_elems(), "{}", ty.name());
-            }
+        for k in [dot_kernel(ty), dot_kernel_ref(ty)] {
+            let family = match k {
+                DotKernel::Q8(_) => 32,
+                DotKernel::Q8K(_) => 256,
+                DotKernel::F32(_) => 1,
+                DotKernel::U4(_) => unreachable!("not in ALL"),
+            };
+            assert_eq!(family, ty.block_elems(), "{}", ty.name());
         }
     }
 }

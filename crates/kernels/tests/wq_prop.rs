@@ -6,7 +6,7 @@ use pagellm_kernels::matmul::{matmul, matmul_ref, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_kernels::quant::wq::{self, dequantize_row_wq, quantize_row_i8_tok};
 use pagellm_kernels::quant::{
-    dot_kernel_for, dot_kernel_i8_tok, dot_kernel_ref_for, quantize_row_q8_ref, ActQuant, BlockQ8,
+    dot_kernel, dot_kernel_i8_tok, dot_kernel_ref, quantize_row_q8_ref, ActQuant, BlockQ8,
     DotKernel, GgmlType, QuantParams,
 };
 use proptest::prelude::*;
@@ -118,7 +118,7 @@ fn both(
             wq::dot_i8_tok(w, &q, n, &mut slow);
         }
         _ => {
-            let k = [dot_kernel_for(t, 8, n), dot_kernel_ref_for(t, 8, n)];
+            let k = [dot_kernel(t), dot_kernel_ref(t)];
             for (k, out) in k.into_iter().zip([&mut fast, &mut slow]) {
                 match k {
                     DotKernel::Q8(g) => g(w, &q8, n, out),

@@ -6,6 +6,7 @@
 //! Architecture files (`llama.rs`, `qwen2.rs`) only map checkpoint tensors onto
 //! [`Transformer`]; the computation is written once, here.
 
+use pagellm_kernels::cpu::Numerics;
 use pagellm_kernels::matmul::{matmul, matmul_many, Activations, MatmulJob, WeightRef};
 use pagellm_kernels::ops::{self, attention, rope::RopeTable};
 use pagellm_kernels::pool::ThreadPool;
@@ -154,6 +155,23 @@ pub struct Workspace {
     single: Batch,
     /// (rows, vocab) logits of the last forward pass.
     pub logits: Vec<f32>,
+}
+
+impl Workspace {
+    /// A workspace whose forward passes use `numerics` (a default one takes
+    /// `PAGELLM_SIMD`'s, see [`pagellm_kernels::cpu::default_numerics`]).
+    pub fn with_numerics(numerics: Numerics) -> Self {
+        let mut ws = Self::default();
+        for a in [&mut ws.xn, &mut ws.attn, &mut ws.h] {
+            a.set_numerics(numerics);
+        }
+        ws
+    }
+
+    /// The arithmetic of this workspace's forward passes.
+    pub fn numerics(&self) -> Numerics {
+        self.xn.numerics()
+    }
 }
 
 fn weight(t: &Tensor) -> WeightRef<'_> {
@@ -483,7 +501,13 @@ impl Transformer {
                 a
             })
             .collect();
-        attention::attention(pool, shape, &ws.q, &seqs, ws.attn.reset(n, qd));
+        let reference = ws.numerics() == Numerics::Reference;
+        let out = ws.attn.reset(n, qd);
+        if reference {
+            attention::attention_reference(pool, shape, &ws.q, &seqs, out);
+        } else {
+            attention::attention(pool, shape, &ws.q, &seqs, out);
+        }
         if let Some(f) = capture.as_mut() {
             f(Site::AttnOutput, &ws.attn.f32);
         }

@@ -8,6 +8,7 @@
 //! least `ctx/2` tokens of context. Against a base model run in the same process, each
 //! scored position also gets `KL(p_base ‖ p_model)` and whether the two top tokens agree.
 
+use pagellm_kernels::cpu::Numerics;
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_model::loader::LoadedModel;
 use pagellm_model::{KvDtype, Logits, Workspace};
@@ -173,21 +174,111 @@ fn score_chunk(
         .collect())
 }
 
+/// The model KL divergence is measured against, and the arithmetic it runs in: the
+/// fast kernels with an f16 KV cache, or the float reference path
+/// ([`Numerics::Reference`]) with an f32 one.
+#[derive(Clone, Copy)]
+pub struct Base<'a> {
+    pub model: &'a LoadedModel,
+    pub numerics: Numerics,
+}
+
+/// The base's log-probabilities in the file format of `llama-perplexity
+/// --kl-divergence-base`, so that llama.cpp's KL divergence is measured against the
+/// very base pagellm's is: `_logits_`, `n_ctx` (u32), `n_vocab` and `n_chunk` (i32),
+/// the chunks' tokens (i32), then per scored position `2·⌈n_vocab/2⌉ + 4` u16: the f32
+/// step and the f32 smallest kept log-probability, then each token's log-probability as
+/// a 16-bit step count above it (log-probabilities more than 16 below the largest clamp
+/// to 0), as `llama-perplexity --kl-divergence-base` writes them.
+pub struct KldBaseWriter {
+    out: std::io::BufWriter<std::fs::File>,
+    vocab: usize,
+    codes: Vec<u16>,
+}
+
+impl KldBaseWriter {
+    /// Creates (or truncates) `path` and writes the header and the tokens of `chunks`.
+    pub fn create(path: &std::path::Path, chunks: &[Vec<u32>], vocab: usize) -> Result<Self> {
+        use std::io::Write;
+        let io = |e: std::io::Error| QuantError::Invalid(format!("{}: {e}", path.display()));
+        let ctx = chunks.first().map_or(0, Vec::len);
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        out.write_all(b"_logits_").map_err(io)?;
+        out.write_all(&(ctx as u32).to_le_bytes()).map_err(io)?;
+        out.write_all(&(vocab as i32).to_le_bytes()).map_err(io)?;
+        out.write_all(&(chunks.len() as i32).to_le_bytes())
+            .map_err(io)?;
+        for t in chunks.iter().flatten() {
+            out.write_all(&(*t as i32).to_le_bytes()).map_err(io)?;
+        }
+        Ok(Self {
+            out,
+            vocab,
+            codes: Vec::new(),
+        })
+    }
+
+    /// Appends one chunk's scored rows of log-probabilities.
+    fn write_rows(&mut self, rows: &[Vec<f64>]) -> Result<()> {
+        use std::io::Write;
+        let nv = 2 * self.vocab.div_ceil(2) + 4;
+        for lp in rows {
+            let max = lp.iter().copied().fold(f64::NEG_INFINITY, f64::max) as f32;
+            let min = (lp.iter().copied().fold(f64::INFINITY, f64::min) as f32).max(max - 16.0);
+            let step = (max - min) / 65535.0;
+            self.codes.clear();
+            self.codes.resize(nv, 0);
+            self.codes[..2].copy_from_slice(&u32_halves(step.to_bits()));
+            self.codes[2..4].copy_from_slice(&u32_halves(min.to_bits()));
+            if step > 0.0 {
+                for (c, &v) in self.codes[4..].iter_mut().zip(lp) {
+                    let v = v as f32;
+                    *c = if v > min {
+                        ((v - min) / step).round_ties_even() as u16
+                    } else {
+                        0
+                    };
+                }
+            }
+            for c in &self.codes {
+                self.out
+                    .write_all(&c.to_le_bytes())
+                    .map_err(|e| QuantError::Invalid(format!("writing the KL base: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes the file.
+    pub fn finish(mut self) -> Result<()> {
+        use std::io::Write;
+        self.out
+            .flush()
+            .map_err(|e| QuantError::Invalid(format!("writing the KL base: {e}")))
+    }
+}
+
+/// The two little-endian u16 halves of an f32's bits, as the file stores the f32.
+fn u32_halves(bits: u32) -> [u16; 2] {
+    [bits as u16, (bits >> 16) as u16]
+}
+
 /// Evaluates `model` on `chunks` (from [`chunks`]) with its KV cache in `kv`, against
-/// `base` (with an f16 cache) when given. `progress` is called after each chunk with
-/// (done, total).
+/// `base` when given, whose log-probabilities also go to `save_base` when given.
+/// `progress` is called after each chunk with (done, total).
 pub fn evaluate(
     model: &LoadedModel,
-    base: Option<&LoadedModel>,
+    base: Option<Base<'_>>,
     pool: &ThreadPool,
     chunks: &[Vec<u32>],
     kv: KvDtype,
+    mut save_base: Option<&mut KldBaseWriter>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EvalReport> {
     if let Some(b) = base {
         let (vm, vb) = (
             model.transformer.config.vocab_size,
-            b.transformer.config.vocab_size,
+            b.model.transformer.config.vocab_size,
         );
         if vm != vb {
             return Err(QuantError::Invalid(format!(
@@ -197,8 +288,8 @@ pub fn evaluate(
         }
     }
     let ctx = chunks.first().map_or(0, Vec::len);
-    let mut ws = Workspace::default();
-    let mut base_ws = Workspace::default();
+    let mut ws = Workspace::with_numerics(Numerics::Fast);
+    let mut base_ws = Workspace::with_numerics(base.map_or(Numerics::Fast, |b| b.numerics));
     let mut nll = Vec::new();
     let mut base_nll = Vec::new();
     let mut kld = Vec::new();
@@ -209,8 +300,17 @@ pub fn evaluate(
         let rows = score_chunk(model, pool, &mut ws, chunk, kv)?;
         seconds += t0.elapsed().as_secs_f64();
         let base_rows = base
-            .map(|b| score_chunk(b, pool, &mut base_ws, chunk, KvDtype::F16))
+            .map(|b| {
+                let kv = match b.numerics {
+                    Numerics::Fast => KvDtype::F16,
+                    Numerics::Reference => KvDtype::F32,
+                };
+                score_chunk(b.model, pool, &mut base_ws, chunk, kv)
+            })
             .transpose()?;
+        if let (Some(w), Some(br)) = (save_base.as_deref_mut(), &base_rows) {
+            w.write_rows(br)?;
+        }
         let first = chunk.len() / 2;
         for (j, lp) in rows.iter().enumerate() {
             let target = chunk[first + j + 1] as usize;

@@ -406,7 +406,8 @@ fn bad_checkpoints_name_the_tensor_or_field() {
 
 #[test]
 fn perplexity_and_kl_against_a_base() {
-    use pagellm_quant::eval::{chunks, evaluate, EvalConfig};
+    use pagellm_kernels::cpu::Numerics;
+    use pagellm_quant::eval::{chunks, evaluate, Base, EvalConfig, KldBaseWriter};
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     pagellm_testkit::write_tiny_model(&src, "Qwen2ForCausalLM", Dtype::F32);
@@ -422,15 +423,82 @@ fn perplexity_and_kl_against_a_base() {
     let text = calib_text();
     let c = chunks(&model, &text, &cfg).unwrap();
     assert_eq!(c.len(), 3);
-    let same = evaluate(&model, Some(&model), &pool, &c, KvDtype::F16, |_, _| {}).unwrap();
+    let fast = |model| {
+        Some(Base {
+            model,
+            numerics: Numerics::Fast,
+        })
+    };
+    let same = evaluate(
+        &model,
+        fast(&model),
+        &pool,
+        &c,
+        KvDtype::F16,
+        None,
+        |_, _| {},
+    )
+    .unwrap();
     let kl = same.kl.as_ref().unwrap();
     assert_eq!(same.scored_tokens, 3 * (32 - 1 - 16));
     assert_eq!(kl.mean.mean, 0.0);
     assert_eq!(kl.top1_agreement.mean, 1.0);
     assert!((kl.base_ppl - same.ppl.mean).abs() < 1e-9);
-    let other = evaluate(&qm, Some(&model), &pool, &c, KvDtype::F16, |_, _| {}).unwrap();
+    let other = evaluate(&qm, fast(&model), &pool, &c, KvDtype::F16, None, |_, _| {}).unwrap();
     let kl = other.kl.as_ref().unwrap();
     assert!(kl.mean.mean > 0.0 && kl.p99 >= kl.median && kl.max >= kl.p99);
+    // Against its own float reference path: the fast kernels' cost, small but not zero
+    // (the INT4 model's activations are quantized to 8 bits on the fast path only).
+    let reference = Some(Base {
+        model: &qm,
+        numerics: Numerics::Reference,
+    });
+    let kld_path = tmp.path().join("base.kld");
+    let vocab = qm.transformer.config.vocab_size;
+    let mut w = KldBaseWriter::create(&kld_path, &c, vocab).unwrap();
+    let own = evaluate(
+        &qm,
+        reference,
+        &pool,
+        &c,
+        KvDtype::F16,
+        Some(&mut w),
+        |_, _| {},
+    )
+    .unwrap();
+    w.finish().unwrap();
+    // The file as llama-perplexity reads it: header, tokens, then per scored position
+    // two f32 (step, smallest log-probability) and the 16-bit codes, padded to even.
+    let bytes = std::fs::read(&kld_path).unwrap();
+    let word = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
+    assert_eq!(&bytes[..8], b"_logits_");
+    assert_eq!((word(8), word(12), word(16)), (32, vocab as u32, 3));
+    let tokens: Vec<u32> = (0..3 * 32).map(|k| word(20 + 4 * k)).collect();
+    assert_eq!(tokens, c.concat());
+    let nv = 2 * vocab.div_ceil(2) + 4;
+    let rows = 3 * (32 - 1 - 16);
+    let start = 20 + 4 * 3 * 32;
+    assert_eq!(bytes.len(), start + rows * nv * 2);
+    for row in bytes[start..].chunks_exact(nv * 2) {
+        let f = |k: usize| f32::from_le_bytes(row[4 * k..4 * k + 4].try_into().unwrap());
+        let (step, min) = (f(0), f(1));
+        let lp: Vec<f64> = row[8..8 + 2 * vocab]
+            .chunks_exact(2)
+            .map(|b| (min + step * u16::from_le_bytes([b[0], b[1]]) as f32) as f64)
+            .collect();
+        let mass: f64 = lp.iter().map(|v| v.exp()).sum();
+        assert!(
+            (mass - 1.0).abs() < 1e-2,
+            "decoded probabilities sum to {mass}"
+        );
+    }
+    let own_kl = own.kl.as_ref().unwrap();
+    assert!(
+        own_kl.mean.mean > 0.0 && own_kl.mean.mean < kl.mean.mean,
+        "fast vs reference {} not between 0 and the quantization's {}",
+        own_kl.mean.mean,
+        kl.mean.mean
+    );
     assert!(other.ppl.mean.is_finite() && other.ppl.stderr > 0.0);
     let e = chunks(&model, "short", &cfg).unwrap_err().to_string();
     assert!(e.contains("fewer than one chunk"), "{e}");

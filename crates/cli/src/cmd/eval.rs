@@ -1,8 +1,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use pagellm_kernels::cpu::Numerics;
 use pagellm_kernels::pool::ThreadPool;
-use pagellm_quant::eval::{chunks, evaluate, table, EvalConfig};
+use pagellm_quant::eval::{chunks, evaluate, table, Base, EvalConfig, KldBaseWriter};
 
 #[derive(clap::Subcommand)]
 pub enum EvalCmd {
@@ -28,6 +29,19 @@ pub struct PerplexityArgs {
     /// Reference model for KL divergence, run in the same process (KV cache in f16).
     #[arg(long)]
     base_model: Option<String>,
+    /// The arithmetic of the base: `fast` (the kernels every model runs) or `reference`
+    /// (the float reference path: weights dequantized to f32, activations, attention and
+    /// sums in f32, KV cache in f32). `reference` without --base-model measures each
+    /// model against itself: what the fast kernels cost.
+    #[arg(long, default_value = "fast", value_parser = ["fast", "reference"])]
+    base_numerics: String,
+    /// Also write the base's log-probabilities (of the first model's run) to this file
+    /// in the format of `llama-perplexity --kl-divergence-base`, so that
+    /// `llama-perplexity -m M.gguf --kl-divergence-base FILE --kl-divergence` measures
+    /// llama.cpp against the same base. Needs a base (--base-model or
+    /// --base-numerics reference).
+    #[arg(long, value_name = "FILE")]
+    kl_divergence_base: Option<PathBuf>,
     /// KV cache element type of the evaluated models: f16, bf16, f32, fp8 or int8
     /// (with the same model as --base-model: what the cache type alone costs).
     #[arg(long, default_value = "f16")]
@@ -82,17 +96,54 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         ctx: a.ctx,
         max_chunks: a.chunks,
     };
+    if a.kl_divergence_base.is_some() && a.base_model.is_none() && a.base_numerics != "reference" {
+        anyhow::bail!(
+            "--kl-divergence-base writes the base's log-probabilities: give --base-model or \
+             --base-numerics reference"
+        );
+    }
     let mut reports = Vec::new();
-    for m in &a.model {
+    for (i, m) in a.model.iter().enumerate() {
         let model = pagellm_model::loader::load_model(m).with_context(|| format!("loading {m}"))?;
         let chunks = chunks(&model, &text, &cfg)?;
         let bar = layer_bar(a.quiet, "chunks");
         bar.set_message(m.clone());
         let kv = a.kv_cache_dtype;
-        let mut r = evaluate(&model, base.as_ref(), &pool, &chunks, kv, |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })?;
+        let numerics = match a.base_numerics.as_str() {
+            "reference" => Numerics::Reference,
+            _ => Numerics::Fast,
+        };
+        let base = match (&base, numerics) {
+            (Some(b), _) => Some(Base { model: b, numerics }),
+            (None, Numerics::Reference) => Some(Base {
+                model: &model,
+                numerics,
+            }),
+            (None, Numerics::Fast) => None,
+        };
+        let mut writer = match (&a.kl_divergence_base, i) {
+            (Some(path), 0) => Some(KldBaseWriter::create(
+                path,
+                &chunks,
+                model.transformer.config.vocab_size,
+            )?),
+            _ => None,
+        };
+        let mut r = evaluate(
+            &model,
+            base,
+            &pool,
+            &chunks,
+            kv,
+            writer.as_mut(),
+            |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            },
+        )?;
+        if let Some(w) = writer {
+            w.finish()?;
+        }
         bar.finish_and_clear();
         if kv != pagellm_model::KvDtype::F16 {
             r.model = format!("{} (KV {kv})", r.model);

@@ -12,6 +12,7 @@
 
 use half::f16;
 
+use crate::cpu::Numerics;
 use crate::pool::{SyncPtr, ThreadPool};
 
 /// Head layout of one attention call.
@@ -75,6 +76,31 @@ pub fn attention<V: KvView>(
     seqs: &[AttnSeq<V>],
     out: &mut [f32],
 ) {
+    run_attention(pool, shape, q, seqs, out, Numerics::Fast)
+}
+
+/// [`attention`] on the float reference path ([`Numerics::Reference`]): `q·k` and the
+/// weighted sum of the values in f32 by [`super::dot_lanes8`]'s fixed order, the
+/// softmax in f32, no f16 rounding of the query or the probabilities. The same bits on
+/// every machine.
+pub fn attention_reference<V: KvView>(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    q: &[f32],
+    seqs: &[AttnSeq<V>],
+    out: &mut [f32],
+) {
+    run_attention(pool, shape, q, seqs, out, Numerics::Reference)
+}
+
+fn run_attention<V: KvView>(
+    pool: &ThreadPool,
+    shape: AttnShape,
+    q: &[f32],
+    seqs: &[AttnSeq<V>],
+    out: &mut [f32],
+    numerics: Numerics,
+) {
     let AttnShape {
         n_heads,
         n_kv_heads,
@@ -132,13 +158,24 @@ pub fn attention<V: KvView>(
                 for h in kvh * group..(kvh + 1) * group {
                     let item = (s.token0 + t) * n_heads + h;
                     let qh = &q[item * head_dim..(item + 1) * head_dim];
-                    q16.copy_from_slice(qh);
-                    super::round_to_f16(&mut q16);
                     // SAFETY: each (token, head) slice of `out` belongs to exactly one task.
                     let oh = unsafe {
                         std::slice::from_raw_parts_mut(outp.get().add(item * head_dim), head_dim)
                     };
                     let n = pos + 1;
+                    if numerics == Numerics::Reference {
+                        attend_one_reference(
+                            qh,
+                            &kf[..n * head_dim],
+                            &vf[..n * head_dim],
+                            scale,
+                            &mut scores[..n],
+                            oh,
+                        );
+                        continue;
+                    }
+                    q16.copy_from_slice(qh);
+                    super::round_to_f16(&mut q16);
                     attend_one(
                         &q16,
                         &kf[..n * head_dim],
@@ -184,6 +221,46 @@ fn attend_one(
         return unsafe { attend_one_avx2(q, k, v, scale, scores, lanes, out, decode) };
     }
     attend_one_portable(q, k, v, scale, scores, lanes, out, decode)
+}
+
+/// One query head on the float reference path (see [`attention_reference`]).
+fn attend_one_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    for (j, s) in scores.iter_mut().enumerate() {
+        *s = super::dot_lanes8(q, &k[j * hd..(j + 1) * hd]) * scale;
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    // out[d] = Σ_j p_j v_j[d] / sum, lane t of dimension d summing the positions
+    // j ≡ t (mod 8) of the whole groups of eight, reduced as `dot_lanes8` reduces.
+    let mut lanes = vec![[0f32; 8]; hd];
+    let n8 = scores.len() / 8 * 8;
+    for j in (0..n8).step_by(8) {
+        for t in 0..8 {
+            let p = scores[j + t];
+            for (l, x) in lanes.iter_mut().zip(&v[(j + t) * hd..(j + t + 1) * hd]) {
+                l[t] += p * x;
+            }
+        }
+    }
+    for (d, (o, l)) in out.iter_mut().zip(&lanes).enumerate() {
+        let mut acc = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        for j in n8..scores.len() {
+            acc += scores[j] * v[j * hd + d];
+        }
+        *o = acc / sum;
+    }
 }
 
 /// The portable attention of one query head; the reference the AVX2 kernel matches.

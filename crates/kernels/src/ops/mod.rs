@@ -141,6 +141,28 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     scalar::silu_mul(gate, up, out)
 }
 
+/// `Σ a[i]·b[i]` in a fixed order, the same bits on every machine: eight lanes, lane
+/// `k` summing the products of elements `i ≡ k (mod 8)` of the whole 8-element chunks
+/// (each product rounded, then added, never fused), reduced as
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, then the tail added in order.
+/// The float reference path's only dot product.
+pub fn dot_lanes8(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut l = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            l[k] += x[k] * y[k];
+        }
+    }
+    let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (x, y) in ta.iter().zip(tb) {
+        s += x * y;
+    }
+    s
+}
+
 /// `x += y`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     assert_eq!(x.len(), y.len());

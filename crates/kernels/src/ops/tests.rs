@@ -1,6 +1,8 @@
 //! Fast kernels against their scalar twins.
 
-use super::attention::{attention, attention_ref, AttnSeq, AttnShape, ContiguousKv};
+use super::attention::{
+    attention, attention_ref, attention_reference, AttnSeq, AttnShape, ContiguousKv,
+};
 use super::*;
 use crate::pool::ThreadPool;
 use proptest::prelude::*;
@@ -100,6 +102,34 @@ proptest! {
             // The fast path rounds q and the probabilities to f16 as llama.cpp does.
             prop_assert!((a - b).abs() < 5e-3, "{a} vs {b}");
         }
+        // The float reference path rounds nothing to f16: f32 close to the f64 result,
+        // and the same bits on one thread or two.
+        let mut reference = vec![0.0; q.len()];
+        attention_reference(&ThreadPool::new(2), shape, &q, std::slice::from_ref(&seq), &mut reference);
+        for (a, b) in reference.iter().zip(&slow) {
+            prop_assert!((a - b).abs() < 2e-5, "{a} vs {b}");
+        }
+        let mut one = vec![0.0; q.len()];
+        attention_reference(&ThreadPool::new(1), shape, &q, std::slice::from_ref(&seq), &mut one);
+        prop_assert_eq!(
+            reference.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn dot_lanes8_is_a_fixed_order_sum(v in prop::collection::vec((-4f32..4.0, -4f32..4.0), 0..200)) {
+        let (a, b): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
+        let n8 = a.len() / 8 * 8;
+        let mut l = [0f32; 8];
+        for i in 0..n8 {
+            l[i % 8] += a[i] * b[i];
+        }
+        let mut want = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        for i in n8..a.len() {
+            want += a[i] * b[i];
+        }
+        prop_assert_eq!(super::dot_lanes8(&a, &b).to_bits(), want.to_bits());
     }
 }
 

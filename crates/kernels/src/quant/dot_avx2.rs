@@ -1,39 +1,46 @@
 use super::blocks::scales_mins_k4;
 use super::dot_scalar::{check_f32, check_q};
-use super::{ActScales4, BlockQ8, BlockQ8K, DotKernel, GgmlType, KPath, TileQ8Fn, TILE_W};
+use super::{ActScales4, BlockQ8, BlockQ8K, DotKernel, GgmlType, TileQ8Fn, TILE_W};
 use std::arch::x86_64::*;
 
-/// The AVX2 kernel for `ty` on llama.cpp path `path` (K-quants only).
+/// The AVX2 kernel for `ty`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C: the returned safe fn pointers execute
 /// those instructions unconditionally.
-pub(super) unsafe fn kernel(ty: GgmlType, path: KPath) -> DotKernel {
+pub(super) unsafe fn kernel(ty: GgmlType) -> DotKernel {
     match ty {
         GgmlType::F32 => DotKernel::F32(dot_f32),
         GgmlType::F16 => DotKernel::F32(dot_f16),
         GgmlType::BF16 => DotKernel::F32(dot_bf16),
-        GgmlType::Q4_0 => DotKernel::Q8(dot_q4_0),
-        GgmlType::Q4_1 => DotKernel::Q8(dot_q4_1),
-        GgmlType::Q5_0 => DotKernel::Q8(dot_q5_0),
-        GgmlType::Q5_1 => DotKernel::Q8(dot_q5_1),
-        GgmlType::Q8_0 => DotKernel::Q8(dot_q8_0),
-        GgmlType::Q4_K => DotKernel::Q8K(match path {
-            KPath::VecDot => dot_q4_k,
-            KPath::Tiled => dot_q4_k_tiled,
-            KPath::Repack => dot_q4_k_repack,
-        }),
-        GgmlType::Q5_K => DotKernel::Q8K(match path {
-            KPath::Tiled => dot_q5_k_tiled,
-            _ => dot_q5_k,
-        }),
-        GgmlType::Q6_K => DotKernel::Q8K(match path {
-            KPath::Tiled => dot_q6_k_tiled,
-            _ => dot_q6_k,
-        }),
+        GgmlType::Q4_0 => DotKernel::Q8(avx2::dot_q4_0),
+        GgmlType::Q4_1 => DotKernel::Q8(avx2::dot_q4_1),
+        GgmlType::Q5_0 => DotKernel::Q8(avx2::dot_q5_0),
+        GgmlType::Q5_1 => DotKernel::Q8(avx2::dot_q5_1),
+        GgmlType::Q8_0 => DotKernel::Q8(avx2::dot_q8_0),
+        GgmlType::Q4_K => DotKernel::Q8K(dot_q4_k),
+        GgmlType::Q5_K => DotKernel::Q8K(dot_q5_k),
+        GgmlType::Q6_K => DotKernel::Q8K(dot_q6_k),
         GgmlType::I8 => DotKernel::Q8(super::wq_avx2::dot_i8),
         GgmlType::U4 => DotKernel::U4(super::wq_avx2::dot_u4),
         GgmlType::F8E4M3 => DotKernel::F32(super::wq_avx2::dot_f8),
+    }
+}
+
+/// The AVX-512 VNNI kernel for `ty`: the VNNI family for the 32-wide formats, the AVX2
+/// kernels for the rest. Bit-identical to [`kernel`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
+pub(super) unsafe fn kernel_vnni(ty: GgmlType) -> DotKernel {
+    match ty {
+        GgmlType::Q4_0 => DotKernel::Q8(vnni::dot_q4_0),
+        GgmlType::Q4_1 => DotKernel::Q8(vnni::dot_q4_1),
+        GgmlType::Q5_0 => DotKernel::Q8(vnni::dot_q5_0),
+        GgmlType::Q5_1 => DotKernel::Q8(vnni::dot_q5_1),
+        GgmlType::Q8_0 => DotKernel::Q8(vnni::dot_q8_0),
+        // SAFETY: AVX-512 VNNI machines have AVX2, FMA and F16C (the contract above).
+        _ => unsafe { kernel(ty) },
     }
 }
 
@@ -153,6 +160,22 @@ pub(super) fn dot_ss(w_abs: __m256i, w: __m256i, a: __m256i) -> __m256i {
     dot_us(w_abs, _mm256_sign_epi8(a, w))
 }
 
+/// [`dot_us`] in one `vpdpbusd`. The same lanes: `maddubs` saturates its i16 pair sums,
+/// but no pair of these kernels reaches the limit (weights at most 128 in magnitude
+/// times activations in -127..=127 gives at most 32,512 per pair).
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+fn dot_us_vnni(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a)
+}
+
+/// [`dot_ss`] on [`dot_us_vnni`].
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+fn dot_ss_vnni(w_abs: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    dot_us_vnni(w_abs, _mm256_sign_epi8(a, w))
+}
+
 /// `acc + p * scale`, `p` the i32 lanes of one block.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -212,13 +235,13 @@ macro_rules! by_rows {
 /// (`$imp::<N>(w, a, nb, out)`, extra const generics after `N` in `$gen`).
 macro_rules! q_wrapper {
     ($name:ident, $act:ty, $elems:expr, $imp:ident $(, $gen:expr)*; $ty:expr) => {
-        fn $name(w_row: &[u8], acts: &[$act], n_act: usize, out: &mut [f32; 4]) {
+        pub(super) fn $name(w_row: &[u8], acts: &[$act], n_act: usize, out: &mut [f32; 4]) {
             let nb = check_q($ty, w_row, acts.len(), $elems, n_act);
             let (w, a) = (w_row.as_ptr(), acts.as_ptr());
             // SAFETY: shapes were checked above (the weight row holds exactly the blocks
             // matching `nb` activation blocks, `acts` holds `n_act * nb` blocks), and
-            // this wrapper is only handed out by `kernel`, whose contract is that the
-            // CPU supports AVX2, FMA and F16C (see the module docs).
+            // this wrapper is only handed out by `kernel` or `kernel_vnni`, whose
+            // contracts are that the CPU supports the features it was compiled for.
             unsafe {
                 match n_act {
                     1 => $imp::<1 $(, $gen)*>(w, a, nb, out),
@@ -242,18 +265,9 @@ macro_rules! f32_wrapper {
     };
 }
 
-q_wrapper!(dot_q4_0, BlockQ8, 32, q4_0; GgmlType::Q4_0);
-q_wrapper!(dot_q4_1, BlockQ8, 32, q4_1; GgmlType::Q4_1);
-q_wrapper!(dot_q5_0, BlockQ8, 32, q5_0; GgmlType::Q5_0);
-q_wrapper!(dot_q5_1, BlockQ8, 32, q5_1; GgmlType::Q5_1);
-q_wrapper!(dot_q8_0, BlockQ8, 32, q8_0; GgmlType::Q8_0);
-q_wrapper!(dot_q4_k, BlockQ8K, 256, k_min, false, VEC_DOT; GgmlType::Q4_K);
-q_wrapper!(dot_q4_k_tiled, BlockQ8K, 256, k_min, false, TILED; GgmlType::Q4_K);
-q_wrapper!(dot_q4_k_repack, BlockQ8K, 256, k_min, false, REPACK; GgmlType::Q4_K);
-q_wrapper!(dot_q5_k, BlockQ8K, 256, k_min, true, VEC_DOT; GgmlType::Q5_K);
-q_wrapper!(dot_q5_k_tiled, BlockQ8K, 256, k_min, true, TILED; GgmlType::Q5_K);
-q_wrapper!(dot_q6_k, BlockQ8K, 256, q6_k, false; GgmlType::Q6_K);
-q_wrapper!(dot_q6_k_tiled, BlockQ8K, 256, q6_k, true; GgmlType::Q6_K);
+q_wrapper!(dot_q4_k, BlockQ8K, 256, k_min, false; GgmlType::Q4_K);
+q_wrapper!(dot_q5_k, BlockQ8K, 256, k_min, true; GgmlType::Q5_K);
+q_wrapper!(dot_q6_k, BlockQ8K, 256, q6_k; GgmlType::Q6_K);
 f32_wrapper!(dot_f32, f32_rows, GgmlType::F32);
 f32_wrapper!(dot_f16, f16_rows, GgmlType::F16);
 f32_wrapper!(dot_bf16, bf16_rows, GgmlType::BF16);
@@ -285,8 +299,8 @@ fn finish_min<const N: usize>(acc: &[__m256; N], summs: &[f32; N], out: &mut [f3
 /// Signed-weight formats: `$load(x)` yields the block's weight scale and 32 signed
 /// weight bytes from block pointer `x`.
 macro_rules! signed_kernel {
-    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        #[target_feature(enable = $feat)]
         unsafe fn $name<const N: usize>(
             w: *const u8,
             a: *const BlockQ8,
@@ -312,29 +326,11 @@ macro_rules! signed_kernel {
     };
 }
 
-signed_kernel!(q8_0, 34, |x| (ld_f16(x), ld256(x.add(2))));
-signed_kernel!(q4_0, 18, |x| (
-    ld_f16(x),
-    _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8))
-));
-// q - 16 as a signed byte: where the fifth bit is clear, set the top four bits (nibble -
-// 16 in two's complement); where it is set, the nibble alone is q - 16.
-signed_kernel!(q5_0, 22, |x| (
-    ld_f16(x),
-    _mm256_or_si256(
-        nibbles32(x.add(6)),
-        _mm256_andnot_si256(
-            bits_to_bytes(u32::from_le(x.add(2).cast::<u32>().read_unaligned())),
-            _mm256_set1_epi8(0xF0u8 as i8)
-        )
-    )
-));
-
 /// Weight-plus-min formats (Q8_1 activations): `$load(x)` yields `(d, m)` and the 32
 /// unsigned weight bytes.
 macro_rules! min_kernel {
-    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+        #[target_feature(enable = $feat)]
         unsafe fn $name<const N: usize>(
             w: *const u8,
             a: *const BlockQ8,
@@ -363,15 +359,6 @@ macro_rules! min_kernel {
     };
 }
 
-min_kernel!(q4_1, 20, |x| nibbles32(x.add(4)));
-min_kernel!(q5_1, 24, |x| _mm256_or_si256(
-    nibbles32(x.add(8)),
-    _mm256_and_si256(
-        bits_to_bytes(u32::from_le(x.add(4).cast::<u32>().read_unaligned())),
-        _mm256_set1_epi8(0x10)
-    )
-));
-
 // ---------------------------------------------------------------------------------
 // Tiles: two weight rows x four activation rows per pass over the blocks. Each weight
 // block is unpacked once for the four activation rows and each activation block loaded
@@ -394,11 +381,27 @@ const _: () = assert!(
 /// As for [`kernel`]: the CPU must support AVX2, FMA and F16C.
 pub(super) unsafe fn tile_kernel(ty: GgmlType) -> Option<TileQ8Fn> {
     match ty {
-        GgmlType::Q4_0 => Some(tile_q4_0),
-        GgmlType::Q4_1 => Some(tile_q4_1),
-        GgmlType::Q5_0 => Some(tile_q5_0),
-        GgmlType::Q5_1 => Some(tile_q5_1),
-        GgmlType::Q8_0 => Some(tile_q8_0),
+        GgmlType::Q4_0 => Some(avx2::tile_q4_0),
+        GgmlType::Q4_1 => Some(avx2::tile_q4_1),
+        GgmlType::Q5_0 => Some(avx2::tile_q5_0),
+        GgmlType::Q5_1 => Some(avx2::tile_q5_1),
+        GgmlType::Q8_0 => Some(avx2::tile_q8_0),
+        _ => None,
+    }
+}
+
+/// The AVX-512 VNNI tile kernel for `ty`, where one exists; bit-identical to
+/// [`tile_kernel`]'s.
+///
+/// # Safety
+/// As for [`kernel_vnni`].
+pub(super) unsafe fn tile_kernel_vnni(ty: GgmlType) -> Option<TileQ8Fn> {
+    match ty {
+        GgmlType::Q4_0 => Some(vnni::tile_q4_0),
+        GgmlType::Q4_1 => Some(vnni::tile_q4_1),
+        GgmlType::Q5_0 => Some(vnni::tile_q5_0),
+        GgmlType::Q5_1 => Some(vnni::tile_q5_1),
+        GgmlType::Q8_0 => Some(vnni::tile_q8_0),
         _ => None,
     }
 }
@@ -424,7 +427,7 @@ fn check_tile(ty: GgmlType, w_rows: &[u8], n_blocks: usize, n_scales: usize) -> 
 
 macro_rules! tile_wrapper {
     ($name:ident, $imp:ident, $ty:expr) => {
-        fn $name(
+        pub(super) fn $name(
             w_rows: &[u8],
             acts: &[BlockQ8],
             scales: &[ActScales4],
@@ -434,7 +437,8 @@ macro_rules! tile_wrapper {
             let rb = w_rows.len() / TILE_W;
             // SAFETY: shapes checked above (TILE_W weight rows of `rb` bytes holding `nb`
             // blocks each, four activation rows of `nb` blocks, `nb` scale groups); CPU
-            // features are the contract of `tile_kernel`, the only place handing this out.
+            // features are the contract of `tile_kernel` / `tile_kernel_vnni`, the only
+            // places handing this out.
             unsafe { $imp(w_rows.as_ptr(), rb, acts.as_ptr(), scales.as_ptr(), nb, out) }
         }
     };
@@ -459,12 +463,12 @@ macro_rules! bcast_at {
 /// Tile twin of `min_kernel!`: `$load(x)` yields the 32 unsigned weight bytes of the
 /// block at `x`, whose first four bytes are the f16 `d` and `m`.
 macro_rules! min_tile {
-    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+    ($feat:literal, $name:ident, $bytes:expr, |$x:ident| $load:expr) => {
         /// # Safety
         /// AVX2/FMA/F16C available; `w` points to two rows of `rb` bytes (`nb` blocks
         /// each), `a` to four activation rows of `nb` blocks back to back, `sc` to their
         /// `nb` packed scales.
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $feat)]
         unsafe fn $name(
             w: *const u8,
             rb: usize,
@@ -532,21 +536,13 @@ macro_rules! min_tile {
     };
 }
 
-min_tile!(q4_1_t, 20, |x| nibbles32(x.add(4)));
-min_tile!(q5_1_t, 24, |x| _mm256_or_si256(
-    nibbles32(x.add(8)),
-    _mm256_and_si256(
-        bits_to_bytes(u32::from_le(x.add(4).cast::<u32>().read_unaligned())),
-        _mm256_set1_epi8(0x10)
-    )
-));
 /// Tile twin of `signed_kernel!`: `$load(x)` yields the f32 weight scale and the 32
 /// signed weight bytes of the block at `x`.
 macro_rules! signed_tile {
-    ($name:ident, $bytes:expr, |$x:ident| $load:expr) => {
+    ($feat:literal, $name:ident, $bytes:expr, |$x:ident| $load:expr) => {
         /// # Safety
         /// As for the `min_tile!` kernels (`sc` only needs the `d` scales).
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $feat)]
         unsafe fn $name(
             w: *const u8,
             rb: usize,
@@ -593,44 +589,114 @@ macro_rules! signed_tile {
     };
 }
 
-signed_tile!(q8_0_t, 34, |x| (ld_f16(x), ld256(x.add(2))));
-signed_tile!(q4_0_t, 18, |x| (
-    ld_f16(x),
-    _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8))
-));
-signed_tile!(q5_0_t, 22, |x| (
-    ld_f16(x),
-    _mm256_or_si256(
-        nibbles32(x.add(6)),
-        _mm256_andnot_si256(
-            bits_to_bytes(u32::from_le(x.add(2).cast::<u32>().read_unaligned())),
-            _mm256_set1_epi8(0xF0u8 as i8)
+// ---------------------------------------------------------------------------------
+// The 32-wide kernel family, instantiated once per instruction set: the AVX2 one and
+// the AVX-512 VNNI one differ only in `dot_us` (`maddubs` + `madd` against one
+// `vpdpbusd`), which give the same exact integer lanes, so both give the same bits.
+
+/// The dot and tile kernels of the 32-wide formats, compiled for target features
+/// `$feat`, with whatever `dot_us` / `dot_ss` the invoking module has in scope.
+/// The f32 scale and the 32 signed weights of the Q8_0 block at `x`.
+///
+/// # Safety
+/// `x..x+34` must be readable.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn q8_0_block(x: *const u8) -> (f32, __m256i) {
+    // SAFETY: the caller guarantees the block is readable.
+    unsafe { (ld_f16(x), ld256(x.add(2))) }
+}
+
+/// As [`q8_0_block`] for Q4_0 (18 bytes): the nibbles minus 8.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn q4_0_block(x: *const u8) -> (f32, __m256i) {
+    // SAFETY: as above.
+    unsafe {
+        (
+            ld_f16(x),
+            _mm256_sub_epi8(nibbles32(x.add(2)), _mm256_set1_epi8(8)),
         )
-    )
-));
-tile_wrapper!(tile_q8_0, q8_0_t, GgmlType::Q8_0);
-tile_wrapper!(tile_q4_0, q4_0_t, GgmlType::Q4_0);
-tile_wrapper!(tile_q5_0, q5_0_t, GgmlType::Q5_0);
-tile_wrapper!(tile_q4_1, q4_1_t, GgmlType::Q4_1);
-tile_wrapper!(tile_q5_1, q5_1_t, GgmlType::Q5_1);
+    }
+}
+
+/// As [`q8_0_block`] for Q5_0 (22 bytes): q - 16 as a signed byte. Where the fifth bit is
+/// clear, the top four bits are set (nibble - 16 in two's complement); where it is set,
+/// the nibble alone is q - 16.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn q5_0_block(x: *const u8) -> (f32, __m256i) {
+    // SAFETY: as above.
+    unsafe {
+        let bits = u32::from_le(x.add(2).cast::<u32>().read_unaligned());
+        let high = _mm256_andnot_si256(bits_to_bytes(bits), _mm256_set1_epi8(0xF0u8 as i8));
+        (ld_f16(x), _mm256_or_si256(nibbles32(x.add(6)), high))
+    }
+}
+
+/// The 32 unsigned five-bit weights of the Q5_1 block at `x` (24 bytes).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q5_1_quants(x: *const u8) -> __m256i {
+    // SAFETY: as above.
+    unsafe {
+        let bits = u32::from_le(x.add(4).cast::<u32>().read_unaligned());
+        let high = _mm256_and_si256(bits_to_bytes(bits), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles32(x.add(8)), high)
+    }
+}
+
+macro_rules! block32_family {
+    ($feat:literal) => {
+        q_wrapper!(dot_q4_0, BlockQ8, 32, q4_0; GgmlType::Q4_0);
+        q_wrapper!(dot_q4_1, BlockQ8, 32, q4_1; GgmlType::Q4_1);
+        q_wrapper!(dot_q5_0, BlockQ8, 32, q5_0; GgmlType::Q5_0);
+        q_wrapper!(dot_q5_1, BlockQ8, 32, q5_1; GgmlType::Q5_1);
+        q_wrapper!(dot_q8_0, BlockQ8, 32, q8_0; GgmlType::Q8_0);
+        signed_kernel!($feat, q8_0, 34, |x| q8_0_block(x));
+        signed_kernel!($feat, q4_0, 18, |x| q4_0_block(x));
+        signed_kernel!($feat, q5_0, 22, |x| q5_0_block(x));
+
+        min_kernel!($feat, q4_1, 20, |x| nibbles32(x.add(4)));
+        min_kernel!($feat, q5_1, 24, |x| q5_1_quants(x));
+
+        min_tile!($feat, q4_1_t, 20, |x| nibbles32(x.add(4)));
+        min_tile!($feat, q5_1_t, 24, |x| q5_1_quants(x));
+        signed_tile!($feat, q8_0_t, 34, |x| q8_0_block(x));
+        signed_tile!($feat, q4_0_t, 18, |x| q4_0_block(x));
+        signed_tile!($feat, q5_0_t, 22, |x| q5_0_block(x));
+        tile_wrapper!(tile_q8_0, q8_0_t, GgmlType::Q8_0);
+        tile_wrapper!(tile_q4_0, q4_0_t, GgmlType::Q4_0);
+        tile_wrapper!(tile_q5_0, q5_0_t, GgmlType::Q5_0);
+        tile_wrapper!(tile_q4_1, q4_1_t, GgmlType::Q4_1);
+        tile_wrapper!(tile_q5_1, q5_1_t, GgmlType::Q5_1);
+    };
+}
+
+/// The AVX2 family.
+mod avx2 {
+    use super::*;
+    block32_family!("avx2,fma,f16c");
+}
+
+/// The AVX-512 VNNI family (256-bit `vpdpbusd`, which needs AVX512VL).
+mod vnni {
+    use super::*;
+    use super::{dot_ss_vnni as dot_ss, dot_us_vnni as dot_us};
+    block32_family!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+}
 
 // ---------------------------------------------------------------------------------
 // K-quants.
-
-/// `MODE` of [`k_min`]: which llama.cpp path (see `quant::KPath`).
-const VEC_DOT: u8 = 0;
-const TILED: u8 = 1;
-const REPACK: u8 = 2;
 
 /// Q4_K (`FIVE == false`) and Q5_K (`FIVE == true`): scale-and-min K-quants.
 ///
 /// Per super-block and row it forms, in integers, the four pair vectors
 /// `P[c] = madd(maddubs(q[2c], a[2c]), sc[2c]) + madd(maddubs(q[2c+1], a[2c+1]), sc[2c+1])`
-/// and the four min lanes `M[t] = m[2t] * B[2t] + m[2t+1] * B[2t+1]`, then applies the
-/// float arithmetic of the path (see `dot_scalar`): vec_dot keeps the eight lanes of
-/// `sum(P)`, the others reduce to integers first.
+/// and the four min lanes `M[t] = m[2t] * B[2t] + m[2t+1] * B[2t+1]`, then applies
+/// ggml's vec_dot float arithmetic (see `dot_scalar`) to the eight lanes of `sum(P)`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k_min<const N: usize, const FIVE: bool, const MODE: u8>(
+unsafe fn k_min<const N: usize, const FIVE: bool>(
     w: *const u8,
     a: *const BlockQ8K,
     nb: usize,
@@ -639,10 +705,8 @@ unsafe fn k_min<const N: usize, const FIVE: bool, const MODE: u8>(
     let bb = if FIVE { 176 } else { 144 };
     let qs_off = if FIVE { 48 } else { 16 };
     let low = _mm256_set1_epi8(0x0F);
-    let gemm4 = MODE == REPACK && N == 4;
     let mut acc = [_mm256_setzero_ps(); N];
     let mut acc_m = [_mm_setzero_ps(); N];
-    let mut acc_s = [0f32; N];
     let mut summs = [0f32; N];
     for sb in 0..nb {
         // SAFETY: super-block sb of the weight row and activation block sb of each row
@@ -693,75 +757,34 @@ unsafe fn k_min<const N: usize, const FIVE: bool, const MODE: u8>(
                 let p = &pairs[r];
                 let sumi =
                     _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
-                if MODE == VEC_DOT {
-                    let d = y.d * d_x;
-                    let dmin = -y.d * dmin_x;
-                    if FIVE {
-                        let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-                        summs[r] = (_mm_cvtsi128_si32(s) as f32).mul_add(dmin, summs[r]);
-                    } else {
-                        acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
-                    }
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
-                } else if MODE == TILED {
+                let d = y.d * d_x;
+                let dmin = -y.d * dmin_x;
+                if FIVE {
                     let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                    let s2 = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)));
-                    let s1 = hsum_epi32(sumi);
-                    let res = (-dmin_x).mul_add(s2 as f32, d_x * s1 as f32);
-                    acc_s[r] = res.mul_add(y.d, acc_s[r]);
-                } else if gemm4 {
-                    let ds = d_x * y.d;
-                    let dms = dmin_x * y.d;
-                    // The four pair totals: hadd within 128-bit halves, then add halves.
-                    let h = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(p[0], p[1]),
-                        _mm256_hadd_epi32(p[2], p[3]),
-                    );
-                    let i4 =
-                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                    let mut iv = [0i32; 4];
-                    let mut mv = [0i32; 4];
-                    _mm_storeu_si128(iv.as_mut_ptr().cast(), i4);
-                    _mm_storeu_si128(mv.as_mut_ptr().cast(), prod);
-                    for c in 0..4 {
-                        acc_s[r] = (iv[c] as f32).mul_add(ds, acc_s[r]);
-                        summs[r] = (mv[c] as f32).mul_add(dms, summs[r]);
-                    }
+                    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+                    summs[r] = (_mm_cvtsi128_si32(s) as f32).mul_add(dmin, summs[r]);
                 } else {
-                    let ds = d_x * y.d;
-                    let dms = dmin_x * y.d;
-                    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                    let mins = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)));
-                    acc_s[r] = (hsum_epi32(sumi) as f32).mul_add(ds, acc_s[r]);
-                    summs[r] = (mins as f32).mul_add(dms, summs[r]);
+                    acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
                 }
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
             }
         }
     }
     for r in 0..N {
-        out[r] = match MODE {
-            VEC_DOT if FIVE => hsum_ps(acc[r]) + summs[r],
-            VEC_DOT => hsum_ps(acc[r]) + hsum_ps4(acc_m[r]),
-            TILED => acc_s[r],
-            _ => acc_s[r] - summs[r],
+        out[r] = if FIVE {
+            hsum_ps(acc[r]) + summs[r]
+        } else {
+            hsum_ps(acc[r]) + hsum_ps4(acc_m[r])
         };
     }
 }
 
 /// Q6_K: ggml's vec_dot lanes (unsigned 6-bit weights, scales per 16, the -32 offset
-/// subtracted as `32 * madd(bsums, scales)`), then either the vec_dot float arithmetic
-/// or, for `TILED_PATH`, the tiled matmul's on the exact integer total.
+/// subtracted as `32 * madd(bsums, scales)`) and its float arithmetic.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k<const N: usize, const TILED_PATH: bool>(
-    w: *const u8,
-    a: *const BlockQ8K,
-    nb: usize,
-    out: &mut [f32; 4],
-) {
+unsafe fn q6_k<const N: usize>(w: *const u8, a: *const BlockQ8K, nb: usize, out: &mut [f32; 4]) {
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
-    let mut acc_s = [0f32; N];
     for sb in 0..nb {
         // SAFETY: super-block sb (210 bytes) and activation block sb of each row are in
         // bounds by the contract above.
@@ -818,25 +841,13 @@ unsafe fn q6_k<const N: usize, const TILED_PATH: bool>(
                 let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
                 let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, scales16));
                 let lanes = _mm256_sub_epi32(*sumi, corr);
-                if TILED_PATH {
-                    let res = d_x * hsum_epi32(lanes) as f32;
-                    acc_s[r] = res.mul_add(y.d, acc_s[r]);
-                } else {
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(y.d * d_x),
-                        _mm256_cvtepi32_ps(lanes),
-                        acc[r],
-                    );
-                }
+                acc[r] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(y.d * d_x), _mm256_cvtepi32_ps(lanes), acc[r]);
             }
         }
     }
     for r in 0..N {
-        out[r] = if TILED_PATH {
-            acc_s[r]
-        } else {
-            hsum_ps(acc[r])
-        };
+        out[r] = hsum_ps(acc[r]);
     }
 }
 

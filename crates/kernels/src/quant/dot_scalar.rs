@@ -1,8 +1,8 @@
 //! Portable reference dot products: one weight row against up to four activation rows.
 //!
-//! These define the bits every SIMD twin must reproduce, and they reproduce llama.cpp's
-//! x86 AVX2 kernels (see `quant::dot_kernel_for` for which llama.cpp path each one
-//! follows): the same exact integer partial sums grouped the same way (llama.cpp keeps
+//! These define the bits every SIMD twin must reproduce. Each weight type has one
+//! arithmetic, whatever the batch size, that of llama.cpp's x86 AVX2 `ggml_vec_dot_*`
+//! kernel for the type: the same exact integer partial sums grouped the same way (llama.cpp keeps
 //! eight i32 "lanes" per block, lane `k` holding elements `4k..4k+4` of each 32-element
 //! chunk), the same float operations on them in the same order, with fused
 //! multiply-adds exactly where llama.cpp's compiled code has them (`f32::mul_add`),
@@ -243,11 +243,9 @@ fn sub_block_sums(y: &BlockQ8K) -> [i32; 8] {
 
 /// Per-super-block integer pieces of a Q4_K / Q5_K product, shared by the kernels
 /// below: eight lanes of `sum_j sc[j] * lanes(sub-block j)` as ggml's vec_dot keeps
-/// them, the sub-block dot products `D`, and the scales and mins.
+/// them, and the mins.
 struct KMin {
     lanes: [i32; 8],
-    dots: [i32; 8],
-    sc: [u8; 8],
     m: [u8; 8],
 }
 
@@ -255,20 +253,13 @@ struct KMin {
 fn k_min_parts(scales: &[u8; 12], y: &BlockQ8K, q: impl Fn(usize) -> [i8; 32]) -> KMin {
     let (sc, m) = scales_mins_k4(scales);
     let mut acc = [0i32; 8];
-    let mut dots = [0i32; 8];
-    for (j, dot) in dots.iter_mut().enumerate() {
+    for (j, &scale) in sc.iter().enumerate() {
         let l = lanes(&q(j), &y.qs[32 * j..]);
         for k in 0..8 {
-            acc[k] += sc[j] as i32 * l[k];
+            acc[k] += scale as i32 * l[k];
         }
-        *dot = l.iter().sum();
     }
-    KMin {
-        lanes: acc,
-        dots,
-        sc,
-        m,
-    }
+    KMin { lanes: acc, m }
 }
 
 /// `ggml_vec_dot_q4_K_q8_K` (AVX2): lanes scaled by `y.d * d` per super-block; the mins
@@ -309,85 +300,12 @@ fn q5_k_vec_dot_row(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     hsum8(acc) + summs
 }
 
-/// The tiled K-quant matmul (`tiled_run_microtile_avx2`, scale-and-min formats): per
-/// super-block `res = fma(-dmin, sum(m * B), d * sum(sc * D))`, `acc = fma(res, y.d, acc)`.
-#[inline(always)]
-fn k_min_tiled_row<B>(
-    w: &[B],
-    a: &[BlockQ8K],
-    parts: impl Fn(&B, &BlockQ8K) -> (KMin, f32, f32),
-) -> f32 {
-    let mut acc = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (p, d, dmin) = parts(x, y);
-        let bs = sub_block_sums(y);
-        let s1: i32 = (0..8).map(|j| p.sc[j] as i32 * p.dots[j]).sum();
-        let s2: i32 = (0..8).map(|j| p.m[j] as i32 * bs[j]).sum();
-        let res = (-dmin).mul_add(s2 as f32, d * s1 as f32);
-        acc = res.mul_add(y.d, acc);
-    }
-    acc
-}
-
-/// The repacked `q4_K_8x8` kernels. gemv (`gemm4 == false`): per super-block
-/// `acc = fma(sum(sc * D), d * y.d, acc)`, `acc_m = fma(sum(m * B), dmin * y.d, acc_m)`.
-/// gemm: the same per pair of sub-blocks. Result `acc - acc_m`.
-#[inline(always)]
-fn q4_k_repack_row(w: &[BlockQ4K], a: &[BlockQ8K], gemm4: bool) -> f32 {
-    let mut acc = 0f32;
-    let mut acc_m = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let ds = f16_le(x.d) * y.d;
-        let dms = f16_le(x.dmin) * y.d;
-        let p = k_min_parts(&x.scales, y, |j| k4_nibbles(&x.qs, j));
-        let bs = sub_block_sums(y);
-        let i: [i32; 8] = std::array::from_fn(|j| p.sc[j] as i32 * p.dots[j]);
-        let m: [i32; 8] = std::array::from_fn(|j| p.m[j] as i32 * bs[j]);
-        if gemm4 {
-            for pair in 0..4 {
-                let (i, m) = (i[2 * pair] + i[2 * pair + 1], m[2 * pair] + m[2 * pair + 1]);
-                acc = (i as f32).mul_add(ds, acc);
-                acc_m = (m as f32).mul_add(dms, acc_m);
-            }
-        } else {
-            acc = (i.iter().sum::<i32>() as f32).mul_add(ds, acc);
-            acc_m = (m.iter().sum::<i32>() as f32).mul_add(dms, acc_m);
-        }
-    }
-    acc - acc_m
-}
-
 pub fn dot_q4_k(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
     each_row(w_row, acts, 256, n_act, out, q4_k_vec_dot_row)
 }
 
-pub fn dot_q4_k_tiled(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ4K], a| {
-        k_min_tiled_row(w, a, |x, y| {
-            let p = k_min_parts(&x.scales, y, |j| k4_nibbles(&x.qs, j));
-            (p, f16_le(x.d), f16_le(x.dmin))
-        })
-    })
-}
-
-/// `n_act == 4` is one gemm group; anything else runs row by row through the gemv.
-pub fn dot_q4_k_repack(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ4K], a| {
-        q4_k_repack_row(w, a, n_act == 4)
-    })
-}
-
 pub fn dot_q5_k(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
     each_row(w_row, acts, 256, n_act, out, q5_k_vec_dot_row)
-}
-
-pub fn dot_q5_k_tiled(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ5K], a| {
-        k_min_tiled_row(w, a, |x, y| {
-            let p = k_min_parts(&x.scales, y, |j| k5_values(x, j));
-            (p, f16_le(x.d), f16_le(x.dmin))
-        })
-    })
 }
 
 /// The eight integer lanes of `ggml_vec_dot_q6_K_q8_K` for one super-block: lane `k`
@@ -421,19 +339,6 @@ pub fn dot_q6_k(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4
             fma_lanes(&mut acc, q6_k_lanes(x, y), y.d * f16_le(x.d));
         }
         hsum8(acc)
-    })
-}
-
-/// The tiled matmul on Q6_K: per super-block `acc = fma(d * S, y.d, acc)` with `S` the
-/// exact integer dot product.
-pub fn dot_q6_k_tiled(w_row: &[u8], acts: &[BlockQ8K], n_act: usize, out: &mut [f32; 4]) {
-    each_row(w_row, acts, 256, n_act, out, |w: &[BlockQ6K], a| {
-        let mut acc = 0f32;
-        for (x, y) in w.iter().zip(a) {
-            let s: i32 = q6_k_lanes(x, y).iter().sum();
-            acc = (f16_le(x.d) * s as f32).mul_add(y.d, acc);
-        }
-        acc
     })
 }
 

@@ -1,20 +1,20 @@
 //! GGML quantized block formats, activation quantization and quantized dot products.
 //!
 //! Weight rows stay in their on-disk GGML layout (memory-mapped); activations are
-//! quantized on the fly exactly as llama.cpp quantizes them, and the dot products
-//! reproduce llama.cpp's CPU arithmetic bit for bit (AVX2 build): the same integer
-//! partial sums, the same float roundings and the same accumulation order. Greedy
-//! decoding amplifies last-bit differences, so this is what makes our tokens match
-//! llama.cpp's. Two activation formats exist, chosen by the weight type:
+//! quantized on the fly as llama.cpp quantizes them, and each weight type has one dot
+//! product arithmetic, that of llama.cpp's AVX2 `ggml_vec_dot_*` for the type, used
+//! whatever the batch size: a request's logits never depend on its neighbours, its
+//! chunking or the thread split (batch invariance). Two activation formats exist,
+//! chosen by the weight type:
 //!
 //! * [`BlockQ8`] (32 values, ggml's `block_q8_0` / `block_q8_1`) for the 32-wide formats;
 //! * [`BlockQ8K`] (256 values, ggml's `block_q8_K`) for the K-quants.
 //!
-//! llama.cpp does not use one kernel per weight type: depending on the batch size and
-//! on whether the weight was repacked at load time it runs `ggml_vec_dot_*`, the
-//! llamafile sgemm, the repacked gemv/gemm (`repack.cpp`) or the tiled K-quant matmul
-//! (`tiled/`), whose float arithmetic differs. [`dot_kernel_for`] picks the twin of the
-//! path llama.cpp takes for a given product; see its table.
+//! llama.cpp itself does not keep one arithmetic per weight type: depending on the
+//! batch size and on whether the weight was repacked at load time it runs
+//! `ggml_vec_dot_*`, the llamafile sgemm, the repacked gemv/gemm (`repack.cpp`) or the
+//! tiled K-quant matmul (`tiled/`), whose float arithmetic differs, so its K-quant
+//! logits change with the batch. pagellm does not follow it there.
 //!
 //! Files: `blocks` (byte-exact weight block structs), `dequant` (reference
 //! dequantization), `q8` (activation quantization), `dot_scalar` (reference dot
@@ -187,6 +187,8 @@ impl Default for BlockQ8K {
     }
 }
 
+pub use crate::cpu::SimdLevel;
+
 pub mod blocks;
 mod dequant;
 mod dot_scalar;
@@ -267,73 +269,60 @@ pub enum DotKernel {
     U4(DotU4Fn),
 }
 
-/// Which of llama.cpp's code paths a K-quant product takes (x86 AVX2 build, no AVX-512).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KPath {
-    /// `ggml_vec_dot_*_q8_K`, one activation row at a time.
-    VecDot,
-    /// The tiled K-quant matmul of `ggml-cpu/tiled`.
-    Tiled,
-    /// `q4_K_8x8` repacked weights: `ggml_gemv_q4_K_8x8_q8_K` per single row and
-    /// `ggml_gemm_q4_K_8x8_q8_K` per group of four rows.
-    Repack,
+/// The dot-product kernel for weights of type `ty` on this CPU (`PAGELLM_SIMD=scalar`
+/// forces the scalar twin, which gives the same bits). One kernel per type, whatever
+/// the batch: every kernel gives a pair (weight row, activation row) the same result
+/// whatever `n_act` is and whichever rows share the call.
+pub fn dot_kernel(ty: GgmlType) -> DotKernel {
+    dot_kernel_at(crate::cpu::simd_level(), ty).unwrap_or_else(|| dot_kernel_ref(ty))
 }
 
-fn k_path(ty: GgmlType, w_rows: usize, n_rows: usize) -> KPath {
-    if ty == GgmlType::Q4_K && w_rows.is_multiple_of(8) {
-        KPath::Repack
-    } else if n_rows >= 8 {
-        KPath::Tiled
-    } else {
-        KPath::VecDot
+/// The kernel for `ty` of SIMD family `level`, if this CPU can run it: tests and
+/// benchmarks compare the families through this. Every family gives the same bits.
+pub fn dot_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<DotKernel> {
+    if level > crate::cpu::supported() {
+        return None;
     }
-}
-
-/// The kernel reproducing llama.cpp's arithmetic for the product of an `(n_rows, cols)`
-/// activation matrix with a `(w_rows, cols)` weight matrix of type `ty`, on this CPU
-/// (`PAGELLM_SIMD=scalar` forces the scalar twin, which gives the same bits).
-///
-/// llama.cpp's path per weight type, and what the kernels reproduce:
-///
-/// | weight         | llama.cpp                                                        |
-/// |----------------|------------------------------------------------------------------|
-/// | Q8_0, Q5_0, Q4_0 | `vec_dot_*_q8_0` for one row, llamafile sgemm for more: same float ops |
-/// | Q4_1, Q5_1     | `vec_dot_*_q8_1`                                                 |
-/// | Q4_K, rows % 8 == 0 | repacked `q4_K_8x8`: gemm for each group of four activation rows counted from the first, gemv for the rest |
-/// | other K-quants | `vec_dot_*_q8_K` when `n_rows < 8`, the tiled matmul otherwise     |
-///
-/// For the repacked Q4_K the kernel uses the gemm arithmetic when called with
-/// `n_act == 4` and the gemv arithmetic otherwise, so callers must feed activation rows
-/// in groups of four from the first row of the product (the last group taking the
-/// remainder), as llama.cpp does. Every other kernel gives a row the same result
-/// whatever `n_act` and the neighbouring rows are. Not reproduced: llama.cpp's `q4_0_8x8`
-/// repacking of Q4_0 weights with a multiple of 8 rows, and float weights.
-pub fn dot_kernel_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKernel {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
-        // SAFETY: `simd_level` reports Avx2 only when AVX2, FMA and F16C were detected.
-        return unsafe { dot_avx2::kernel(ty, k_path(ty, w_rows, n_rows)) };
+    match level {
+        SimdLevel::Scalar => Some(dot_kernel_ref(ty)),
+        // SAFETY: the CPU supports `level` (checked above).
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => Some(unsafe { dot_avx2::kernel(ty) }),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => Some(unsafe { dot_avx2::kernel_vnni(ty) }),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
     }
-    dot_kernel_ref_for(ty, w_rows, n_rows)
 }
 
 /// The register-tiled kernel for weights of type `ty` on this CPU, if there is one
 /// (only SIMD builds have them; the scalar path computes pair by pair). Its results
-/// equal those of `dot_kernel_for(ty, ..)` for every pair.
+/// equal those of [`dot_kernel`] for every pair.
 pub fn tile_kernel_for(ty: GgmlType) -> Option<TileQ8Fn> {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
-        // SAFETY: `simd_level` reports Avx2 only when AVX2, FMA and F16C were detected.
-        return unsafe { dot_avx2::tile_kernel(ty) };
-    }
-    let _ = ty;
-    None
+    tile_kernel_at(crate::cpu::simd_level(), ty)
 }
 
-/// The portable twin of [`dot_kernel_for`]; the SIMD kernels are tested against it.
-pub fn dot_kernel_ref_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKernel {
+/// The tile kernel for `ty` of SIMD family `level`, if there is one and this CPU can
+/// run it.
+pub fn tile_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<TileQ8Fn> {
+    if level > crate::cpu::supported() {
+        return None;
+    }
+    match level {
+        SimdLevel::Scalar => None,
+        // SAFETY: the CPU supports `level` (checked above).
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => unsafe { dot_avx2::tile_kernel(ty) },
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => unsafe { dot_avx2::tile_kernel_vnni(ty) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// The portable twin of [`dot_kernel`]; the SIMD kernels are tested against it.
+pub fn dot_kernel_ref(ty: GgmlType) -> DotKernel {
     use dot_scalar::*;
-    let path = k_path(ty, w_rows, n_rows);
     match ty {
         GgmlType::F32 => DotKernel::F32(dot_f32),
         GgmlType::F16 => DotKernel::F32(dot_f16),
@@ -343,19 +332,9 @@ pub fn dot_kernel_ref_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKern
         GgmlType::Q5_0 => DotKernel::Q8(dot_q5_0),
         GgmlType::Q5_1 => DotKernel::Q8(dot_q5_1),
         GgmlType::Q8_0 => DotKernel::Q8(dot_q8_0),
-        GgmlType::Q4_K => DotKernel::Q8K(match path {
-            KPath::VecDot => dot_q4_k,
-            KPath::Tiled => dot_q4_k_tiled,
-            KPath::Repack => dot_q4_k_repack,
-        }),
-        GgmlType::Q5_K => DotKernel::Q8K(match path {
-            KPath::Tiled => dot_q5_k_tiled,
-            _ => dot_q5_k,
-        }),
-        GgmlType::Q6_K => DotKernel::Q8K(match path {
-            KPath::Tiled => dot_q6_k_tiled,
-            _ => dot_q6_k,
-        }),
+        GgmlType::Q4_K => DotKernel::Q8K(dot_q4_k),
+        GgmlType::Q5_K => DotKernel::Q8K(dot_q5_k),
+        GgmlType::Q6_K => DotKernel::Q8K(dot_q6_k),
         GgmlType::I8 => DotKernel::Q8(wq::dot_i8),
         GgmlType::U4 => DotKernel::U4(wq::dot_u4),
         GgmlType::F8E4M3 => DotKernel::F32(wq::dot_f8),
@@ -366,19 +345,8 @@ pub fn dot_kernel_ref_for(ty: GgmlType, w_rows: usize, n_rows: usize) -> DotKern
 /// CPU; bit-identical to [`wq::dot_i8_tok`].
 pub fn dot_kernel_i8_tok() -> DotI8TokFn {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
+    if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
         return wq_avx2::dot_i8_tok;
     }
     wq::dot_i8_tok
-}
-
-/// The kernel for single-row products (decoding) with a weight of a multiple of 8 rows:
-/// `dot_kernel_for(ty, 8, 1)`.
-pub fn dot_kernel(ty: GgmlType) -> DotKernel {
-    dot_kernel_for(ty, 8, 1)
-}
-
-/// The portable twin of [`dot_kernel`].
-pub fn dot_kernel_ref(ty: GgmlType) -> DotKernel {
-    dot_kernel_ref_for(ty, 8, 1)
 }

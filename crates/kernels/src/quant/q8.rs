@@ -59,7 +59,7 @@ pub fn quantize_row_q8_ref(x: &[f32], out: &mut [BlockQ8]) {
 /// bit-identical to [`quantize_row_q8_ref`].
 pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
+    if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
         assert_eq!(
             x.len(),
             out.len() * 32,
@@ -108,7 +108,7 @@ pub fn quantize_row_q8k_ref(x: &[f32], out: &mut [BlockQ8K]) {
 /// bit-identical to [`quantize_row_q8k_ref`].
 pub fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd_level() == crate::cpu::SimdLevel::Avx2 {
+    if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
         assert_eq!(
             x.len(),
             out.len() * 256,
