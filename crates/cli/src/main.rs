@@ -46,6 +46,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Err(e) = pagellm_kernels::cpu::check_env() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Gateway(a) => cmd::gateway::run(a),

@@ -153,6 +153,27 @@ fn bad_flags_are_rejected_with_the_flag_named() {
 }
 
 #[test]
+fn a_misspelt_simd_setting_is_an_error_not_ignored() {
+    let o = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .args(["tokenize", "hi"])
+        .env("PAGELLM_SIMD", "avx512")
+        .output()
+        .expect("run pagellm");
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("PAGELLM_SIMD=avx512") && e.contains("reference"),
+        "{e}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .args(["tokenize", "hi"])
+        .env("PAGELLM_SIMD", "Reference")
+        .output()
+        .expect("run pagellm");
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
 fn bad_models_are_rejected_clearly() {
     let e = fails(&["generate", "-p", "hi", "--model", "no-such-model"]);
     assert!(

@@ -22,6 +22,26 @@ pub fn simd_level() -> SimdLevel {
     *LEVEL.get_or_init(detect)
 }
 
+/// Checks `PAGELLM_SIMD`: unset, empty, `scalar`, `avx2` or `reference` (any case);
+/// anything else is an error naming the value, which the kernels would otherwise
+/// ignore.
+pub fn check_env() -> Result<(), String> {
+    match std::env::var("PAGELLM_SIMD") {
+        Ok(v)
+            if !v.is_empty()
+                && !["scalar", "avx2", "reference"]
+                    .iter()
+                    .any(|k| v.eq_ignore_ascii_case(k)) =>
+        {
+            Err(format!(
+                "PAGELLM_SIMD={v}: expected scalar, avx2 or reference (or unset for the best \
+                 kernels this CPU runs)"
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn detect() -> SimdLevel {
     let cap = match std::env::var("PAGELLM_SIMD") {
         Ok(v) if v.eq_ignore_ascii_case("scalar") => SimdLevel::Scalar,
