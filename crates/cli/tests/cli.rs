@@ -153,7 +153,7 @@ fn bad_flags_are_rejected_with_the_flag_named() {
 }
 
 #[test]
-fn a_misspelt_simd_setting_is_an_error_not_ignored() {
+fn a_misspelt_kernel_setting_is_an_error_not_ignored() {
     let o = Command::new(env!("CARGO_BIN_EXE_pagellm"))
         .args(["tokenize", "hi"])
         .env("PAGELLM_SIMD", "avx512")
@@ -171,6 +171,13 @@ fn a_misspelt_simd_setting_is_an_error_not_ignored() {
         .output()
         .expect("run pagellm");
     assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .args(["tokenize", "hi"])
+        .env("PAGELLM_REPACK", "no")
+        .output()
+        .expect("run pagellm");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("PAGELLM_REPACK=no"), "{}", stderr(&o));
 }
 
 #[test]

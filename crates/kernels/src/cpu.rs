@@ -22,10 +22,18 @@ pub fn simd_level() -> SimdLevel {
     *LEVEL.get_or_init(detect)
 }
 
-/// Checks `PAGELLM_SIMD`: unset, empty, `scalar`, `avx2` or `reference` (any case);
-/// anything else is an error naming the value, which the kernels would otherwise
-/// ignore.
+/// Checks `PAGELLM_SIMD` (unset, empty, `scalar`, `avx2` or `reference`, any case) and
+/// `PAGELLM_REPACK` (unset, `0` or `1`); anything else is an error naming the value,
+/// which the kernels would otherwise ignore.
 pub fn check_env() -> Result<(), String> {
+    if let Ok(v) = std::env::var("PAGELLM_REPACK") {
+        if !["", "0", "1"].contains(&v.as_str()) {
+            return Err(format!(
+                "PAGELLM_REPACK={v}: expected 0 (keep weights in their file layout) or 1 \
+                 (repack them at load, the default)"
+            ));
+        }
+    }
     match std::env::var("PAGELLM_SIMD") {
         Ok(v)
             if !v.is_empty()

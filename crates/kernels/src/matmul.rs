@@ -15,6 +15,9 @@
 use crate::cpu::Numerics;
 use crate::ops;
 use crate::pool::{SyncPtr, ThreadPool};
+use crate::quant::interleave::{
+    block_isums, r8_kernel, r8k_kernel_at, Interleaved, R8Fn, R8KFn, R8,
+};
 use crate::quant::wq::{quantize_row_i8_tok, u4_act_sums};
 use crate::quant::{
     dot_kernel, dot_kernel_i8_tok, pack_scales4, quantize_row_q8, quantize_row_q8k,
@@ -31,6 +34,9 @@ pub struct WeightRef<'a> {
     pub rows: usize,
     pub cols: usize,
     pub params: Option<&'a QuantParams>,
+    /// The same rows repacked eight at a time ([`Interleaved`]); products then use the
+    /// interleaved kernels and their arithmetic, whatever the batch size.
+    pub packed: Option<&'a Interleaved>,
 }
 
 impl<'a> WeightRef<'a> {
@@ -42,6 +48,7 @@ impl<'a> WeightRef<'a> {
             rows,
             cols,
             params: None,
+            packed: None,
         }
     }
 }
@@ -53,9 +60,21 @@ enum Kernel {
     Dot(DotKernel),
     /// W8A8: integer sums times the row's scale and the token's.
     I8Tok(DotI8TokFn),
+    /// Interleaved weights, eight rows per call.
+    R8(R8Fn),
+    /// Interleaved K-quant weights, eight rows per call.
+    R8K(R8KFn),
 }
 
 fn kernel_for(w: &WeightRef<'_>) -> Kernel {
+    if let Some(p) = w.packed {
+        if let Some(f) = r8_kernel(p.ty) {
+            return Kernel::R8(f);
+        }
+        if let Some(f) = r8k_kernel_at(crate::cpu::simd_level(), p.ty) {
+            return Kernel::R8K(f);
+        }
+    }
     match w.params {
         Some(p) if w.ty == GgmlType::I8 && p.act == ActQuant::PerToken => {
             Kernel::I8Tok(dot_kernel_i8_tok())
@@ -78,6 +97,8 @@ pub struct Activations {
     q8_scales: Vec<ActScales4>,
     /// `d · Σ qs` of each `q8` block, for the `U4` kernels' zero points.
     q8_sums: Vec<f32>,
+    /// `Σ qs` of each `q8` block, exact, for the interleaved kernels' offsets.
+    q8_isums: Vec<i32>,
     q8_valid: bool,
     q8k: Vec<BlockQ8K>,
     q8k_valid: bool,
@@ -102,6 +123,7 @@ impl Activations {
             q8: Vec::new(),
             q8_scales: Vec::new(),
             q8_sums: Vec::new(),
+            q8_isums: Vec::new(),
             q8_valid: false,
             q8k: Vec::new(),
             q8k_valid: false,
@@ -158,8 +180,8 @@ impl Activations {
     /// Makes the quantized copy that kernel `k` consumes, if not made yet.
     fn quantize_for(&mut self, k: &Kernel) {
         match k {
-            Kernel::Dot(DotKernel::Q8(_) | DotKernel::U4(_)) => self.ensure_q8(),
-            Kernel::Dot(DotKernel::Q8K(_)) => self.ensure_q8k(),
+            Kernel::Dot(DotKernel::Q8(_) | DotKernel::U4(_)) | Kernel::R8(_) => self.ensure_q8(),
+            Kernel::Dot(DotKernel::Q8K(_)) | Kernel::R8K(_) => self.ensure_q8k(),
             Kernel::Dot(DotKernel::F32(_)) => {}
             Kernel::I8Tok(_) => self.ensure_tok(),
         }
@@ -219,6 +241,8 @@ impl Activations {
         }
         self.q8_sums.resize(self.q8.len(), 0.0);
         u4_act_sums(&self.q8, &mut self.q8_sums);
+        self.q8_isums.resize(self.q8.len(), 0);
+        block_isums(&self.q8, &mut self.q8_isums);
         self.q8_valid = true;
     }
 
@@ -303,6 +327,12 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
             j.w.ty.name(),
             if j.w.params.is_some() { "" } else { "out" }
         );
+        if let Some(p) = j.w.packed {
+            assert!(
+                p.ty == j.w.ty && p.rows == j.w.rows && p.cols == j.w.cols,
+                "interleaved copy of another weight"
+            );
+        }
         x.quantize_for(&kernel_for(&j.w));
     }
     let x = &*x;
@@ -343,6 +373,27 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
         for &(ji, r0, r1) in &tiles[start..(start + chunk).min(tiles.len())] {
             let w = ws[ji];
             let (out, stride) = outs[ji];
+            match (kernels[ji], w.packed) {
+                (Kernel::R8(f), Some(p)) => {
+                    r8_tile(p, x.n_rows, r0, r1, out, stride, |g, i0, na, o| {
+                        let span = i0 * (x.cols / 32)..(i0 + na) * (x.cols / 32);
+                        f(g, &x.q8[span.clone()], &x.q8_isums[span], na, o)
+                    });
+                    continue;
+                }
+                (Kernel::R8K(f), Some(p)) => {
+                    r8_tile(p, x.n_rows, r0, r1, out, stride, |g, i0, na, o| {
+                        f(
+                            g,
+                            &x.q8k[i0 * (x.cols / 256)..(i0 + na) * (x.cols / 256)],
+                            na,
+                            o,
+                        )
+                    });
+                    continue;
+                }
+                _ => {}
+            }
             let rb = w.ty.row_bytes(w.cols).expect("checked");
             let mut acc = [0f32; 4];
             let mut i0 = 0;
@@ -395,6 +446,9 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                                 &mut acc,
                             )
                         }
+                        Kernel::R8(_) | Kernel::R8K(_) => {
+                            unreachable!("interleaved weights take `r8_tile`")
+                        }
                         Kernel::I8Tok(f) => {
                             f(row, &x.tok[i0 * x.cols..(i0 + na) * x.cols], na, &mut acc);
                             let s = w.params.expect("checked").row_scales(r, w.cols)[0];
@@ -422,6 +476,36 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
             }
         }
     });
+}
+
+/// Rows `r0..r1` (whole groups of eight) of an interleaved weight against all `n`
+/// activation rows: each group's blocks stay in L1 while the activations stream past,
+/// `call(group, first_row, rows, out)` taking up to four activation rows at a time.
+fn r8_tile(
+    p: &Interleaved,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    out: SyncPtr<f32>,
+    stride: usize,
+    call: impl Fn(&[u8], usize, usize, &mut [[f32; R8]; 4]),
+) {
+    let mut o = [[0f32; R8]; 4];
+    for g in r0 / R8..r1 / R8 {
+        let group = p.group(g);
+        for i0 in (0..n).step_by(4) {
+            let na = (n - i0).min(4);
+            call(group, i0, na, &mut o);
+            for (k, row) in o.iter().take(na).enumerate() {
+                // SAFETY: rows `r0..r1` belong to this thread's tile alone, and
+                // `(i0 + k) * stride + g * 8 + 7 < n * stride` (checked by the caller).
+                unsafe {
+                    let dst = out.get().add((i0 + k) * stride + g * R8);
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), dst, R8);
+                }
+            }
+        }
+    }
 }
 
 /// Row `r` of `w` dequantized to f32, in input order.

@@ -205,7 +205,7 @@ proptest! {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let cols = 128;
         let (data, p) = weight(f, &mut rng, rows, cols, 64);
-        let w = WeightRef { ty: ty(f), data: &data, rows, cols, params: Some(&p) };
+        let w = WeightRef { params: Some(&p), ..WeightRef::plain(ty(f), &data, rows, cols) };
         let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2f32..2.0)).collect();
         let pool = ThreadPool::new(3);
         let mut act = Activations::new();

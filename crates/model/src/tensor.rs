@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use pagellm_kernels::quant::interleave::Interleaved;
 use pagellm_kernels::quant::{GgmlType, QuantParams};
 
 use crate::error::{ModelError, Result};
@@ -35,6 +36,8 @@ pub struct Tensor {
     len: usize,
     /// Scales (and zero points) of a checkpoint-format weight (`ty.has_params()`).
     params: Option<Arc<QuantParams>>,
+    /// The rows repacked eight at a time for the interleaved kernels, when made.
+    packed: Option<Arc<Interleaved>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -87,6 +90,7 @@ impl Tensor {
             offset,
             len,
             params: None,
+            packed: None,
         })
     }
 
@@ -102,6 +106,36 @@ impl Tensor {
     /// The scales of a checkpoint-format weight.
     pub fn params(&self) -> Option<&QuantParams> {
         self.params.as_deref()
+    }
+
+    /// Repacks a weight matrix into the interleaved layout its type has one of (see
+    /// [`Interleaved`]) and releases the mapped pages it came from: the repacked copy
+    /// is the one kept in memory, and the rare readers of the original bytes (token
+    /// lookups of a tied embedding, the float reference path) fault them back in from
+    /// the file. Returns whether it repacked.
+    pub fn repack(&mut self) -> bool {
+        if self.packed.is_some() || self.params.is_some() {
+            return false;
+        }
+        let Some(p) = Interleaved::repack(self.ty, self.data(), self.rows(), self.cols()) else {
+            return false;
+        };
+        self.packed = Some(Arc::new(p));
+        #[cfg(unix)]
+        if let Storage::Mmap(m) = &*self.storage {
+            // SAFETY: the map is read-only and file-backed, so dropping its pages loses
+            // nothing: the next read of any byte in the range faults the same bytes back
+            // in from the file. No reference into the map is invalidated.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, self.offset, self.len)
+            };
+        }
+        true
+    }
+
+    /// The interleaved copy made by [`Tensor::repack`].
+    pub fn packed(&self) -> Option<&Interleaved> {
+        self.packed.as_deref()
     }
 
     pub fn data(&self) -> &[u8] {

@@ -10,6 +10,7 @@ use pagellm_kernels::cpu::Numerics;
 use pagellm_kernels::matmul::{matmul, matmul_many, Activations, MatmulJob, WeightRef};
 use pagellm_kernels::ops::{self, attention, rope::RopeTable};
 use pagellm_kernels::pool::ThreadPool;
+use pagellm_kernels::quant::interleave;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -30,6 +31,21 @@ pub struct Layer {
     pub ffn_gate: Tensor,
     pub ffn_up: Tensor,
     pub ffn_down: Tensor,
+}
+
+impl Layer {
+    /// The layer's weight matrices.
+    fn mats_mut(&mut self) -> [&mut Tensor; 7] {
+        [
+            &mut self.attn_q,
+            &mut self.attn_k,
+            &mut self.attn_v,
+            &mut self.attn_output,
+            &mut self.ffn_gate,
+            &mut self.ffn_up,
+            &mut self.ffn_down,
+        ]
+    }
 }
 
 pub struct Transformer {
@@ -181,6 +197,7 @@ fn weight(t: &Tensor) -> WeightRef<'_> {
         rows: t.rows(),
         cols: t.cols(),
         params: t.params(),
+        packed: t.packed(),
     }
 }
 
@@ -235,6 +252,15 @@ impl Transformer {
         let output_norm = load_vec(t, "output_norm.weight", d)?;
         let mut rope = RopeTable::new(c.head_dim, c.rope_theta, c.rope_style);
         rope.ensure(c.context_length.min(1 << 17));
+        let mut output = output;
+        if interleave::repack_enabled() {
+            for l in &mut layers {
+                for w in l.mats_mut() {
+                    w.repack();
+                }
+            }
+            output.repack();
+        }
         Ok(Self {
             config,
             token_embd,

@@ -14,8 +14,10 @@
 //! * fidelity: at the 32 × prompts positions, pagellm's greedy token is the reference's
 //!   at least as often as llama.cpp's token is, less one position per eight prompts
 //!   (near-ties go either way; a kernel error costs far more);
-//! * wherever pagellm's token differs from llama.cpp's, the reference does not prefer
-//!   llama.cpp's token by more than [`MAX_WORSE`] nats.
+//! * pagellm's largest miss (how far its token trails the reference's own choice, at
+//!   any position) is no larger than llama.cpp's largest miss on the same positions, or
+//!   [`MAX_WORSE`] nats if that is larger: no position where pagellm is clearly wrong
+//!   and llama.cpp's arithmetic is not.
 //!
 //! Each divergence is printed with both engines' margins, and the count of prompts
 //! identical to llama.cpp's for all 32 tokens (on qwen2.5-coder-0.5b, whose massive
@@ -27,10 +29,8 @@ use pagellm_model::loader::load_gguf;
 use pagellm_model::{registry, KvDtype, Logits, Workspace};
 use serde_json::Value;
 
-/// How much more the reference may prefer llama.cpp's token than pagellm's where the
-/// two engines choose differently: the size of the near-ties the two engines' shared
-/// noise (8-bit activations, f16 K/V) flips, as measured on these prompts (llama.cpp's
-/// own choice trails the reference's by up to 0.18 there).
+/// A miss against the reference always allowed: the size of the near-ties the two
+/// engines' shared noise (8-bit activations, f16 K/V) flips on these prompts.
 const MAX_WORSE: f64 = 0.25;
 
 fn argmax(x: &[f32]) -> u32 {
@@ -68,6 +68,7 @@ fn check_model(name: &str) {
     let cases = golden["prompts"].as_array().expect("prompts");
     assert!(cases.len() >= 20, "at least 20 prompts");
     let (mut identical, mut ours_agree, mut theirs_agree, mut positions) = (0, 0, 0, 0);
+    let (mut ours_miss, mut theirs_miss) = (0f64, 0f64);
     let mut worse = Vec::new();
     for case in cases {
         let prompt = ids(&case["prompt_ids"]);
@@ -95,6 +96,9 @@ fn check_model(name: &str) {
             positions += 1;
             ours_agree += usize::from(tok == best);
             theirs_agree += usize::from(w == best);
+            // How far each engine's token trails the reference's own choice.
+            ours_miss = ours_miss.max((r[best as usize] - r[tok as usize]) as f64);
+            theirs_miss = theirs_miss.max((r[best as usize] - r[w as usize]) as f64);
             if tok != w {
                 // How much the reference prefers llama.cpp's token to ours.
                 let gap = (r[w as usize] - r[tok as usize]) as f64;
@@ -104,9 +108,7 @@ fn check_model(name: &str) {
                      reference prefers llama.cpp's by {gap:.4} (llama.cpp's top-2 margin {theirs:.4})"
                 );
                 eprintln!("{name}: {line}");
-                if gap > MAX_WORSE {
-                    worse.push(line);
-                }
+                worse.push((gap, line));
                 same = false;
             }
             // Continue from llama.cpp's token.
@@ -120,7 +122,8 @@ fn check_model(name: &str) {
     eprintln!(
         "{name}: {identical}/{} prompts identical to llama.cpp for 32 tokens; the float \
          reference's greedy token chosen at {ours_agree}/{positions} positions by pagellm, \
-         {theirs_agree}/{positions} by llama.cpp",
+         {theirs_agree}/{positions} by llama.cpp; largest miss against the reference \
+         {ours_miss:.4} nats for pagellm, {theirs_miss:.4} for llama.cpp",
         cases.len()
     );
     assert!(
@@ -128,9 +131,12 @@ fn check_model(name: &str) {
         "{name}: pagellm agrees with the float reference at {ours_agree} positions, \
          llama.cpp at {theirs_agree}"
     );
+    let allowed = theirs_miss.max(MAX_WORSE);
+    worse.retain(|(gap, _)| *gap > allowed);
     assert!(
-        worse.is_empty(),
-        "{name}: clearly worse than llama.cpp: {worse:#?}"
+        ours_miss <= allowed,
+        "{name}: pagellm's token trails the reference's by {ours_miss:.4} nats somewhere, \
+         more than llama.cpp's worst ({theirs_miss:.4}) and {MAX_WORSE}: {worse:#?}"
     );
 }
 

@@ -1,11 +1,13 @@
 //! GGML quantized block formats, activation quantization and quantized dot products.
 //!
-//! Weight rows stay in their on-disk GGML layout (memory-mapped); activations are
-//! quantized on the fly as llama.cpp quantizes them, and each weight type has one dot
-//! product arithmetic, that of llama.cpp's AVX2 `ggml_vec_dot_*` for the type, used
-//! whatever the batch size: a request's logits never depend on its neighbours, its
-//! chunking or the thread split (batch invariance). Two activation formats exist,
-//! chosen by the weight type:
+//! Weight rows stay in their on-disk GGML layout (memory-mapped) or are repacked once at
+//! load into an eight-row interleaved layout (`interleave`); activations are quantized
+//! on the fly as llama.cpp quantizes them. Each weight type has one dot product
+//! arithmetic per layout, used whatever the batch size: in the file layout that of
+//! llama.cpp's AVX2 `ggml_vec_dot_*` for the type, in the interleaved layout its own
+//! (see `interleave`). A request's logits never depend on its neighbours, its chunking
+//! or the thread split (batch invariance). Two activation formats exist, chosen by the
+//! weight type:
 //!
 //! * [`BlockQ8`] (32 values, ggml's `block_q8_0` / `block_q8_1`) for the 32-wide formats;
 //! * [`BlockQ8K`] (256 values, ggml's `block_q8_K`) for the K-quants.
@@ -19,7 +21,8 @@
 //! Files: `blocks` (byte-exact weight block structs), `dequant` (reference
 //! dequantization), `q8` (activation quantization), `dot_scalar` (reference dot
 //! products, the definition of every result), `dot_avx2` (their bit-identical AVX2
-//! twins). Dispatch happens here.
+//! twins), `interleave` (weights repacked eight rows at a time at load, with their own
+//! arithmetic and kernels in `interleave_x86`). Dispatch happens here.
 
 /// A weight element type: the GGUF types (`ggml_type`) and the element formats of
 /// quantized checkpoints (`I8`, `U4`, `F8E4M3`, whose scales live beside the weight in
@@ -197,6 +200,9 @@ pub mod wq;
 
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2;
+pub mod interleave;
+#[cfg(target_arch = "x86_64")]
+mod interleave_x86;
 #[cfg(target_arch = "x86_64")]
 mod wq_avx2;
 

@@ -1,0 +1,477 @@
+//! Weights repacked eight rows at a time (row-interleaved, "R8"), made once at load.
+//!
+//! A GGML row stores its 32-element blocks one after another, so a dot product reads one
+//! weight row against one activation row and an activation block is loaded once per row.
+//! The interleaved layout stores, for each group of eight rows and each 32-column block,
+//! the eight rows' scales side by side and then their quants four columns at a time:
+//! one 32-byte load holds four columns of all eight rows, and one broadcast of four
+//! activation bytes feeds all eight rows (`vpdpbusd` / `vpmaddubsw` on eight 32-bit
+//! lanes). llama.cpp's repack buffers and ik_llama.cpp's `_R8` types use the same idea.
+//!
+//! ## Layout of one group block (8 rows × 32 columns)
+//!
+//! | type | bytes | contents |
+//! |---|---|---|
+//! | Q4_0 | 144 | `d[8]` (f16), then 4 chunks of 32 bytes |
+//! | Q4_1 | 160 | `d[8]`, `m[8]` (f16), then 4 chunks of 32 bytes |
+//! | Q8_0 | 272 | `d[8]` (f16), then 8 chunks of 32 bytes |
+//!
+//! Q4 chunk `c`, byte `4r + j` is byte `4c + j` of row `r`'s GGML block: its low nibble is
+//! column `4c + j` and its high nibble column `16 + 4c + j`. Q8_0 chunk `c`, byte `4r + j`
+//! is column `4c + j` of row `r` plus 128, stored unsigned. A group's blocks follow each
+//! other along the row, and groups follow each other: the repacked weight has exactly
+//! the bytes of the original.
+//!
+//! ## Arithmetic (the definition every kernel family reproduces bit for bit)
+//!
+//! For weight row `r` and activation row `m` ([`BlockQ8`], with its block sums `Σa` as
+//! exact integers), per block in column order:
+//!
+//! ```text
+//! isum = Σ q·a − o·Σa          (exact i32; o = 8 for Q4_0, 128 for Q8_0, 0 for Q4_1)
+//! acc  = fma(d_w · d_a, f32(isum), acc)
+//! acc  = fma(m_w, s_a, acc)    (Q4_1 only; s_a = the activation block's `s`)
+//! ```
+//!
+//! starting from `acc = 0`. The integer sum is exact in every family, and the float steps
+//! are the same operations in the same order, so the scalar twin ([`r8_ref`]), the AVX2
+//! kernels and the AVX-512 VNNI kernels give the same bits, and a pair's result never
+//! depends on which other rows share the call (batch invariance).
+
+use super::blocks::scales_mins_k4;
+use super::{BlockQ8, BlockQ8K, GgmlType, SimdLevel};
+use half::f16;
+
+/// Rows per interleaved group.
+pub const R8: usize = 8;
+
+/// A weight matrix repacked into the interleaved layout (see the module docs).
+pub struct Interleaved {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<u8>,
+}
+
+/// Dot products of one interleaved group (`group`: the group's `cols / 32` blocks) with
+/// `na` (1 to 4) activation rows stored back to back in `acts`, their exact block sums in
+/// `isums`: `out[m][j] = dot(row j of the group, activation row m)`.
+pub type R8Fn =
+    fn(group: &[u8], acts: &[BlockQ8], isums: &[i32], na: usize, out: &mut [[f32; R8]; 4]);
+
+/// As [`R8Fn`] for the K-quants' interleaved groups, against [`BlockQ8K`] activations.
+pub type R8KFn = fn(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]; 4]);
+
+/// Bytes of one group block (8 rows × one block of `ty`: 32 columns, 256 for Q4_K), for
+/// the types that have an interleaved layout.
+pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 => Some(144),
+        GgmlType::Q4_1 => Some(160),
+        GgmlType::Q8_0 => Some(272),
+        GgmlType::Q4_K => Some(Q4K_GROUP_BLOCK),
+        GgmlType::Q6_K => Some(Q6K_GROUP_BLOCK),
+        _ => None,
+    }
+}
+
+impl Interleaved {
+    /// Repacks `rows` GGML rows of `ty` (`data`, `cols` columns each). `None` when `ty`
+    /// has no interleaved layout or `rows` is not a multiple of eight.
+    pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let gbb = group_block_bytes(ty)?;
+        let rb = ty.row_bytes(cols)?;
+        if rows == 0 || !rows.is_multiple_of(R8) || data.len() < rows * rb {
+            return None;
+        }
+        let bb = ty.block_bytes();
+        let nb = cols / ty.block_elems();
+        let mut out = vec![0u8; rows / R8 * nb * gbb];
+        if ty.block_elems() == 256 {
+            if ty == GgmlType::Q4_K {
+                repack_q4_k(data, nb, &mut out);
+            } else {
+                repack_q6_k(data, nb, &mut out);
+            }
+            return Some(Self {
+                ty,
+                rows,
+                cols,
+                data: out,
+            });
+        }
+        let scale_fields = if ty == GgmlType::Q4_1 { 2 } else { 1 };
+        for (g, og) in out.chunks_exact_mut(nb * gbb).enumerate() {
+            for (b, o) in og.chunks_exact_mut(gbb).enumerate() {
+                let src = |r: usize| &data[(g * R8 + r) * rb + b * bb..][..bb];
+                for r in 0..R8 {
+                    let s = src(r);
+                    for f in 0..scale_fields {
+                        o[f * 16 + 2 * r..][..2].copy_from_slice(&s[2 * f..2 * f + 2]);
+                    }
+                    let qs = &s[2 * scale_fields..];
+                    let q = &mut o[16 * scale_fields..];
+                    let (chunks, flip) = if ty == GgmlType::Q8_0 {
+                        (8, 0x80)
+                    } else {
+                        (4, 0)
+                    };
+                    for c in 0..chunks {
+                        for j in 0..4 {
+                            q[32 * c + 4 * r + j] = qs[4 * c + j] ^ flip;
+                        }
+                    }
+                }
+            }
+        }
+        Some(Self {
+            ty,
+            rows,
+            cols,
+            data: out,
+        })
+    }
+
+    /// Bytes of one group (8 rows, all columns).
+    pub fn group_bytes(&self) -> usize {
+        self.cols / self.ty.block_elems() * group_block_bytes(self.ty).expect("made by repack")
+    }
+
+    /// The bytes of group `g` (rows `8g..8g + 8`).
+    pub fn group(&self, g: usize) -> &[u8] {
+        let gb = self.group_bytes();
+        &self.data[g * gb..(g + 1) * gb]
+    }
+
+    /// Row `r` back in its GGML layout (for tests: repacking loses nothing). The
+    /// 32-wide types only.
+    pub fn ggml_row(&self, r: usize) -> Vec<u8> {
+        assert_eq!(self.ty.block_elems(), 32, "a 32-wide type");
+        let gbb = group_block_bytes(self.ty).expect("made by repack");
+        let scale_fields = if self.ty == GgmlType::Q4_1 { 2 } else { 1 };
+        let (g, rr) = (r / R8, r % R8);
+        let mut row = Vec::with_capacity(self.ty.row_bytes(self.cols).expect("whole blocks"));
+        for blk in self.group(g).chunks_exact(gbb) {
+            for f in 0..scale_fields {
+                row.extend_from_slice(&blk[f * 16 + 2 * rr..][..2]);
+            }
+            let q = &blk[16 * scale_fields..];
+            let (chunks, flip) = if self.ty == GgmlType::Q8_0 {
+                (8, 0x80)
+            } else {
+                (4, 0)
+            };
+            for c in 0..chunks {
+                row.extend((0..4).map(|j| q[32 * c + 4 * rr + j] ^ flip));
+            }
+        }
+        row
+    }
+}
+
+/// Bytes of one Q4_K group block (8 rows × 256 columns).
+pub const Q4K_GROUP_BLOCK: usize = 1184;
+
+/// Repacks Q4_K rows: per group block `d[8]`, `dmin[8]` (f16), the unpacked 6-bit
+/// scales `sc[j][r]` and mins `m[j][r]` (u8, sub-block `j`, row `r`), then per pair of
+/// sub-blocks `p` eight chunks of 32 bytes, chunk `c` byte `4r + j` = byte `32p + 4c + j`
+/// of row `r`'s quants.
+fn repack_q4_k(data: &[u8], nb: usize, out: &mut [u8]) {
+    let rb = nb * 144;
+    for (g, og) in out.chunks_exact_mut(nb * Q4K_GROUP_BLOCK).enumerate() {
+        for (b, o) in og.chunks_exact_mut(Q4K_GROUP_BLOCK).enumerate() {
+            for r in 0..R8 {
+                let s = &data[(g * R8 + r) * rb + b * 144..][..144];
+                o[2 * r..2 * r + 2].copy_from_slice(&s[0..2]);
+                o[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&s[2..4]);
+                let (sc, m) = scales_mins_k4(s[4..16].try_into().expect("12 bytes"));
+                for j in 0..8 {
+                    o[32 + 8 * j + r] = sc[j];
+                    o[96 + 8 * j + r] = m[j];
+                }
+                let qs = &s[16..];
+                for p in 0..4 {
+                    for c in 0..8 {
+                        for jj in 0..4 {
+                            o[160 + 256 * p + 32 * c + 4 * r + jj] = qs[32 * p + 4 * c + jj];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The Q4_K twin: per super-block the exact integers `Σ_j sc_j·Σ q·a` and
+/// `Σ_j m_j·Σa`, then `acc = fma(d_w·d_a, tot, acc)` and `acc = fma(−dmin_w·d_a, msum, acc)`.
+fn r8k_q4_k_ref(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]; 4]) {
+    let nb = check_r8k(GgmlType::Q4_K, group, acts, na);
+    for m in 0..na {
+        for r in 0..R8 {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let blk = &group[b * Q4K_GROUP_BLOCK..][..Q4K_GROUP_BLOCK];
+                let a = &acts[m * nb + b];
+                let (mut tot, mut msum) = (0i32, 0i32);
+                for j in 0..8 {
+                    let (p, hi) = (j / 2, j % 2 == 1);
+                    let mut isum = 0i32;
+                    for e in 0..32 {
+                        let byte = blk[160 + 256 * p + 32 * (e / 4) + 4 * r + e % 4];
+                        let q = if hi { byte >> 4 } else { byte & 15 };
+                        isum += q as i32 * a.qs[32 * j + e] as i32;
+                    }
+                    tot += blk[32 + 8 * j + r] as i32 * isum;
+                    let bsum = a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
+                    msum += blk[96 + 8 * j + r] as i32 * bsum;
+                }
+                acc = (ld_f16(blk, r) * a.d).mul_add(tot as f32, acc);
+                acc = (-(ld_f16(&blk[16..], r) * a.d)).mul_add(msum as f32, acc);
+            }
+            out[m][r] = acc;
+        }
+    }
+}
+
+/// Bytes of one Q6_K group block (8 rows × 256 columns): as many as eight GGML blocks.
+pub const Q6K_GROUP_BLOCK: usize = 1680;
+
+/// The 256 six-bit codes (0..63, the weight plus 32) of a GGML Q6_K block, in column
+/// order (ggml's `dequantize_row_q6_K` layout).
+fn q6_k_codes(blk: &[u8]) -> [u8; 256] {
+    let (ql, qh) = (&blk[..128], &blk[128..192]);
+    let mut q = [0u8; 256];
+    for n in 0..2 {
+        for l in 0..32 {
+            let (a, b, h) = (ql[64 * n + l], ql[64 * n + l + 32], qh[32 * n + l]);
+            q[128 * n + l] = (a & 15) | (h & 3) << 4;
+            q[128 * n + l + 32] = (b & 15) | ((h >> 2) & 3) << 4;
+            q[128 * n + l + 64] = (a >> 4) | ((h >> 4) & 3) << 4;
+            q[128 * n + l + 96] = (b >> 4) | ((h >> 6) & 3) << 4;
+        }
+    }
+    q
+}
+
+/// Repacks Q6_K rows: per group block `d[8]` (f16), the scales `sc[s][r]` (i8, 16
+/// columns each), the codes' low nibbles in Q4_K's arrangement (per pair of 32-column
+/// sub-blocks eight chunks of 32 bytes, chunk `c` byte `4r + j`: column `64P + 4c + j`
+/// low, `64P + 32 + 4c + j` high), then their top two bits (per 128 columns `H` eight
+/// chunks, chunk `c` byte `4r + j` bits `2k..2k + 2`: column `128H + 32k + 4c + j`).
+fn repack_q6_k(data: &[u8], nb: usize, out: &mut [u8]) {
+    let rb = nb * 210;
+    for (g, og) in out.chunks_exact_mut(nb * Q6K_GROUP_BLOCK).enumerate() {
+        for (b, o) in og.chunks_exact_mut(Q6K_GROUP_BLOCK).enumerate() {
+            for r in 0..R8 {
+                let s = &data[(g * R8 + r) * rb + b * 210..][..210];
+                o[2 * r..2 * r + 2].copy_from_slice(&s[208..210]);
+                for (i, &sc) in s[192..208].iter().enumerate() {
+                    o[16 + 8 * i + r] = sc;
+                }
+                let q = q6_k_codes(s);
+                for c in 0..8 {
+                    for j in 0..4 {
+                        let at = 4 * r + j;
+                        for p in 0..4 {
+                            let (lo, hi) = (q[64 * p + 4 * c + j], q[64 * p + 32 + 4 * c + j]);
+                            o[144 + 256 * p + 32 * c + at] = (lo & 15) | (hi & 15) << 4;
+                        }
+                        for h in 0..2 {
+                            o[1168 + 256 * h + 32 * c + at] = (0..4)
+                                .map(|k| (q[128 * h + 32 * k + 4 * c + j] >> 4) << (2 * k))
+                                .sum();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Code of row `r`, column `e` in a Q6_K group block.
+fn q6_k_code(blk: &[u8], r: usize, e: usize) -> i32 {
+    let (sub, c, j) = (e / 32, (e % 32) / 4, e % 4);
+    let (p, nib, h, k) = (sub / 2, sub % 2, sub / 4, sub % 4);
+    let lo = (blk[144 + 256 * p + 32 * c + 4 * r + j] >> (4 * nib)) & 15;
+    let hi = (blk[1168 + 256 * h + 32 * c + 4 * r + j] >> (2 * k)) & 3;
+    (lo | hi << 4) as i32
+}
+
+/// The Q6_K twin: per super-block the exact integer `Σ_s sc_s·(Σ q·a − 32·Σa)` over the
+/// sixteen 16-column scales, then `acc = fma(d_w·d_a, tot, acc)`.
+fn r8k_q6_k_ref(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]; 4]) {
+    let nb = check_r8k(GgmlType::Q6_K, group, acts, na);
+    for m in 0..na {
+        for r in 0..R8 {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let blk = &group[b * Q6K_GROUP_BLOCK..][..Q6K_GROUP_BLOCK];
+                let a = &acts[m * nb + b];
+                let mut tot = 0i32;
+                for s in 0..16 {
+                    let mut isum = 0i32;
+                    for e in 16 * s..16 * s + 16 {
+                        isum += q6_k_code(blk, r, e) * a.qs[e] as i32;
+                    }
+                    let sc = blk[16 + 8 * s + r] as i8 as i32;
+                    tot += sc * (isum - 32 * a.bsums[s] as i32);
+                }
+                acc = (ld_f16(blk, r) * a.d).mul_add(tot as f32, acc);
+            }
+            out[m][r] = acc;
+        }
+    }
+}
+
+/// Checks a K-quant call's lengths; returns the number of super-blocks per row.
+pub(super) fn check_r8k(ty: GgmlType, group: &[u8], acts: &[BlockQ8K], na: usize) -> usize {
+    let gbb = group_block_bytes(ty).expect("interleaved type");
+    assert!((1..=4).contains(&na), "1 to 4 activation rows, got {na}");
+    assert!(group.len().is_multiple_of(gbb), "partial group block");
+    let nb = group.len() / gbb;
+    assert!(acts.len() >= na * nb, "activations too short");
+    nb
+}
+
+/// The exact integer sum of each activation block's quants, for the interleaved kernels'
+/// offsets.
+pub fn block_isums(acts: &[BlockQ8], out: &mut [i32]) {
+    for (a, o) in acts.iter().zip(out.iter_mut()) {
+        *o = a.qs.iter().map(|&q| q as i32).sum();
+    }
+}
+
+/// Checks a call's lengths; returns the number of blocks per row.
+pub(super) fn check_r8(
+    ty: GgmlType,
+    group: &[u8],
+    acts: &[BlockQ8],
+    isums: &[i32],
+    na: usize,
+) -> usize {
+    let gbb = group_block_bytes(ty).expect("interleaved type");
+    assert!((1..=4).contains(&na), "1 to 4 activation rows, got {na}");
+    assert!(group.len().is_multiple_of(gbb), "partial group block");
+    let nb = group.len() / gbb;
+    assert!(
+        acts.len() >= na * nb && isums.len() >= na * nb,
+        "activations too short"
+    );
+    nb
+}
+
+fn ld_f16(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
+}
+
+/// The portable twin: the module docs' arithmetic, one pair at a time.
+fn r8_ref(
+    ty: GgmlType,
+    group: &[u8],
+    acts: &[BlockQ8],
+    isums: &[i32],
+    na: usize,
+    out: &mut [[f32; R8]; 4],
+) {
+    let nb = check_r8(ty, group, acts, isums, na);
+    let gbb = group_block_bytes(ty).expect("checked");
+    let (sf, offset) = match ty {
+        GgmlType::Q4_0 => (1, 8),
+        GgmlType::Q4_1 => (2, 0),
+        _ => (1, 128),
+    };
+    for m in 0..na {
+        for r in 0..R8 {
+            let mut acc = 0f32;
+            for b in 0..nb {
+                let blk = &group[b * gbb..(b + 1) * gbb];
+                let a = &acts[m * nb + b];
+                let q = &blk[16 * sf..];
+                let mut isum = 0i32;
+                for col in 0..32 {
+                    let w = match ty {
+                        GgmlType::Q8_0 => q[32 * (col / 4) + 4 * r + col % 4] as i32,
+                        _ => {
+                            let (c, hi) = ((col % 16) / 4, col >= 16);
+                            let byte = q[32 * c + 4 * r + col % 4];
+                            (if hi { byte >> 4 } else { byte & 15 }) as i32
+                        }
+                    };
+                    isum += w * a.qs[col] as i32;
+                }
+                isum -= offset * isums[m * nb + b];
+                acc = (ld_f16(blk, r) * a.d).mul_add(isum as f32, acc);
+                if ty == GgmlType::Q4_1 {
+                    acc = ld_f16(&blk[16..], r).mul_add(a.s, acc);
+                }
+            }
+            out[m][r] = acc;
+        }
+    }
+}
+
+fn r8_q4_0_ref(g: &[u8], a: &[BlockQ8], s: &[i32], na: usize, o: &mut [[f32; R8]; 4]) {
+    r8_ref(GgmlType::Q4_0, g, a, s, na, o)
+}
+fn r8_q4_1_ref(g: &[u8], a: &[BlockQ8], s: &[i32], na: usize, o: &mut [[f32; R8]; 4]) {
+    r8_ref(GgmlType::Q4_1, g, a, s, na, o)
+}
+fn r8_q8_0_ref(g: &[u8], a: &[BlockQ8], s: &[i32], na: usize, o: &mut [[f32; R8]; 4]) {
+    r8_ref(GgmlType::Q8_0, g, a, s, na, o)
+}
+
+/// The interleaved K-quant kernel for `ty` of SIMD family `level`, if `ty` has one and
+/// this CPU can run it. Every family gives the same bits.
+pub fn r8k_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R8KFn> {
+    if !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || level > crate::cpu::supported() {
+        return None;
+    }
+    match level {
+        SimdLevel::Scalar if ty == GgmlType::Q4_K => Some(r8k_q4_k_ref),
+        SimdLevel::Scalar => Some(r8k_q6_k_ref),
+        // SAFETY: the CPU supports `level` (checked above).
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => Some(unsafe { super::interleave_x86::kernel_k(ty) }),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x86::kernel_k_vnni(ty) }),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// The interleaved kernel for `ty` on this CPU.
+pub fn r8_kernel(ty: GgmlType) -> Option<R8Fn> {
+    r8_kernel_at(crate::cpu::simd_level(), ty)
+}
+
+/// The interleaved kernel for `ty` of SIMD family `level`, if `ty` has one and this CPU
+/// can run it. Every family gives the same bits.
+pub fn r8_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R8Fn> {
+    if ty.block_elems() != 32 {
+        return None;
+    }
+    group_block_bytes(ty)?;
+    if level > crate::cpu::supported() {
+        return None;
+    }
+    match level {
+        SimdLevel::Scalar => Some(match ty {
+            GgmlType::Q4_0 => r8_q4_0_ref,
+            GgmlType::Q4_1 => r8_q4_1_ref,
+            _ => r8_q8_0_ref,
+        }),
+        // SAFETY: the CPU supports `level` (checked above).
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => Some(unsafe { super::interleave_x86::kernel(ty) }),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x86::kernel_vnni(ty) }),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// Whether weights are repacked at load: yes unless `PAGELLM_REPACK=0` (to measure the
+/// GGML-layout kernels, or to keep the mapped file as the only copy).
+pub fn repack_enabled() -> bool {
+    !matches!(std::env::var("PAGELLM_REPACK").as_deref(), Ok("0"))
+}

@@ -1,0 +1,484 @@
+//! The interleaved (R8) kernels for x86-64: one body per SIMD family, each giving the bits
+//! of `interleave::r8_ref` (see `interleave` for the layout and the arithmetic).
+//!
+//! Per group block, the eight rows' quants are unpacked once into eight vectors of four
+//! columns × eight rows; every activation row then takes eight broadcasts of four bytes
+//! and eight integer dot steps into one exact `i32` per row. The AVX2 family forms those
+//! with `vpmaddubsw` (Q4: the eight 16-bit partial sums stay below 2¹⁵, since nibbles
+//! are at most 15 and activations at most 127 in magnitude) and one `vpmaddwd`; the VNNI
+//! family with `vpdpbusd`.
+
+use super::interleave::{check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R8};
+use super::{BlockQ8, BlockQ8K, GgmlType};
+use std::arch::x86_64::*;
+
+/// The AVX2 kernel for `ty` (an interleaved type).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+pub(super) unsafe fn kernel(ty: GgmlType) -> R8Fn {
+    match ty {
+        GgmlType::Q4_0 => avx2::r8_q4_0,
+        GgmlType::Q4_1 => avx2::r8_q4_1,
+        _ => avx2::r8_q8_0,
+    }
+}
+
+/// The AVX-512 VNNI kernel for `ty`, bit-identical to [`kernel`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
+pub(super) unsafe fn kernel_vnni(ty: GgmlType) -> R8Fn {
+    match ty {
+        GgmlType::Q4_0 => vnni::r8_q4_0,
+        GgmlType::Q4_1 => vnni::r8_q4_1,
+        _ => vnni::r8_q8_0,
+    }
+}
+
+/// The AVX2 K-quant kernel for `ty` (Q4_K or Q6_K).
+///
+/// # Safety
+/// As [`kernel`].
+pub(super) unsafe fn kernel_k(ty: GgmlType) -> R8KFn {
+    match ty {
+        GgmlType::Q4_K => avx2::r8_q4_k,
+        _ => avx2::r8_q6_k,
+    }
+}
+
+/// The AVX-512 VNNI K-quant kernel for `ty`, bit-identical to [`kernel_k`].
+///
+/// # Safety
+/// As [`kernel_vnni`].
+pub(super) unsafe fn kernel_k_vnni(ty: GgmlType) -> R8KFn {
+    match ty {
+        GgmlType::Q4_K => vnni::r8_q4_k,
+        _ => vnni::r8_q6_k,
+    }
+}
+
+/// Four activation bytes (columns `4k..4k + 4` of `a`) in every 32-bit lane.
+///
+/// # Safety
+/// `a + 4k .. a + 4k + 4` must be readable.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn bcast4(a: *const i8, k: usize) -> __m256i {
+    // SAFETY: the caller guarantees the four bytes are readable.
+    unsafe { _mm256_set1_epi32(a.add(4 * k).cast::<i32>().read_unaligned()) }
+}
+
+/// Q4 `Σ q·a` per row with `vpmaddubsw`: eight 16-bit partial sums (each below 2¹⁵ in
+/// magnitude, see the module docs), widened once.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn isum_u4_avx2(w: &[__m256i; 8], a: *const i8) -> __m256i {
+    // SAFETY: `a` points at a block's 32 quants (the caller's contract).
+    unsafe {
+        let mut s = _mm256_maddubs_epi16(w[0], bcast4(a, 0));
+        for (k, wk) in w.iter().enumerate().skip(1) {
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wk, bcast4(a, k)));
+        }
+        _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+    }
+}
+
+/// Q4 `Σ q·a` per row with `vpdpbusd`.
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn isum_u4_vnni(w: &[__m256i; 8], a: *const i8) -> __m256i {
+    // SAFETY: as above.
+    unsafe {
+        let mut s = _mm256_setzero_si256();
+        for (k, wk) in w.iter().enumerate() {
+            s = _mm256_dpbusd_epi32(s, *wk, bcast4(a, k));
+        }
+        s
+    }
+}
+
+/// Q8_0 `Σ u·a` per row (`u` = weight + 128) with `vpdpbusd`; the caller subtracts
+/// `128·Σa`.
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn isum_u8_vnni(q: *const u8, a: *const i8, _a_sum: i32) -> __m256i {
+    // SAFETY: `q` points at a group block's 256 quant bytes, `a` at 32 activations.
+    unsafe {
+        let mut s = _mm256_setzero_si256();
+        for k in 0..8 {
+            let u = _mm256_loadu_si256(q.add(32 * k).cast());
+            s = _mm256_dpbusd_epi32(s, u, bcast4(a, k));
+        }
+        s
+    }
+}
+
+/// Q8_0 `Σ u·a` per row with AVX2: the signed weights' magnitudes against the
+/// activations carrying the weights' signs (`vpmaddubsw` cannot take 255 × 127 pairs),
+/// plus `128·Σa` so that the caller's correction is the VNNI family's.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn isum_u8_avx2(q: *const u8, a: *const i8, a_sum: i32) -> __m256i {
+    // SAFETY: as above.
+    unsafe {
+        let flip = _mm256_set1_epi8(0x80u8 as i8);
+        let ones = _mm256_set1_epi16(1);
+        let mut s = _mm256_set1_epi32(128 * a_sum);
+        for k in 0..8 {
+            let w = _mm256_xor_si256(_mm256_loadu_si256(q.add(32 * k).cast()), flip);
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(bcast4(a, k), w));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+        }
+        s
+    }
+}
+
+/// Q6 `Σ q·a` per row over columns 0..16 and 16..32 of a sub-block with `vpmaddubsw`
+/// (codes are at most 63, so two 16-bit pair sums stay below 2¹⁵).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn isum_u6_avx2(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
+    // SAFETY: `a` points at a sub-block's 32 quants (the caller's contract).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut s = [_mm256_setzero_si256(); 2];
+        for k in (0..8).step_by(2) {
+            let p = _mm256_add_epi16(
+                _mm256_maddubs_epi16(w[k], bcast4(a, k)),
+                _mm256_maddubs_epi16(w[k + 1], bcast4(a, k + 1)),
+            );
+            s[k / 4] = _mm256_add_epi32(s[k / 4], _mm256_madd_epi16(p, ones));
+        }
+        (s[0], s[1])
+    }
+}
+
+/// Q6 `Σ q·a` per row over columns 0..16 and 16..32 with `vpdpbusd`.
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn isum_u6_vnni(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
+    // SAFETY: as above.
+    unsafe {
+        let mut s = [_mm256_setzero_si256(); 2];
+        for (k, wk) in w.iter().enumerate() {
+            s[k / 4] = _mm256_dpbusd_epi32(s[k / 4], *wk, bcast4(a, k));
+        }
+        (s[0], s[1])
+    }
+}
+
+/// `acc = fma(d_w · d_a, f32(isum), acc)`, then `fma(m_w, s_a, acc)` when `min` is given.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn finish_block(
+    acc: __m256,
+    isum: __m256i,
+    dw: __m256,
+    a: &BlockQ8,
+    min: Option<__m256>,
+) -> __m256 {
+    let acc = _mm256_fmadd_ps(
+        _mm256_mul_ps(dw, _mm256_set1_ps(a.d)),
+        _mm256_cvtepi32_ps(isum),
+        acc,
+    );
+    match min {
+        Some(mw) => _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s), acc),
+        None => acc,
+    }
+}
+
+/// Eight f16 at `p` as f32 lanes.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn ld_f16x8(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+}
+
+/// The safe entry point of one kernel: checks the lengths and picks the row count.
+macro_rules! r8_wrapper {
+    ($f:ident, $ty:expr, $call:ident, $min:literal) => {
+        pub(super) fn $f(
+            group: &[u8],
+            acts: &[BlockQ8],
+            isums: &[i32],
+            na: usize,
+            out: &mut [[f32; R8]; 4],
+        ) {
+            let nb = check_r8($ty, group, acts, isums, na);
+            let (g, a, s) = (group.as_ptr(), acts.as_ptr(), isums.as_ptr());
+            // SAFETY: lengths checked by `check_r8`; the fn pointer is only handed out
+            // on CPUs with this family's features.
+            unsafe {
+                match na {
+                    1 => $call::<1, $min>(g, nb, a, s, out),
+                    2 => $call::<2, $min>(g, nb, a, s, out),
+                    3 => $call::<3, $min>(g, nb, a, s, out),
+                    _ => $call::<4, $min>(g, nb, a, s, out),
+                }
+            }
+        }
+    };
+}
+
+/// As `r8_wrapper!` for the K-quant kernels.
+macro_rules! r8k_wrapper {
+    ($f:ident, $ty:expr, $call:ident) => {
+        pub(super) fn $f(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]; 4]) {
+            let nb = check_r8k($ty, group, acts, na);
+            let (g, a) = (group.as_ptr(), acts.as_ptr());
+            // SAFETY: as in `r8_wrapper!`.
+            unsafe {
+                match na {
+                    1 => $call::<1>(g, nb, a, out),
+                    2 => $call::<2>(g, nb, a, out),
+                    3 => $call::<3>(g, nb, a, out),
+                    _ => $call::<4>(g, nb, a, out),
+                }
+            }
+        }
+    };
+}
+
+macro_rules! r8_family {
+    ($feat:literal, $isum_u4:ident, $isum_u8:ident, $isum_u6:ident) => {
+        /// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation
+        /// rows.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4<const N: usize, const MIN: bool>(
+            g: *const u8,
+            nb: usize,
+            acts: *const BlockQ8,
+            isums: *const i32,
+            out: &mut [[f32; R8]; 4],
+        ) {
+            let (gbb, sb) = if MIN { (160, 32) } else { (144, 16) };
+            let m4 = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
+                // activation blocks and sums are readable.
+                unsafe {
+                    let p = g.add(b * gbb);
+                    let dw = ld_f16x8(p);
+                    let mw = if MIN { Some(ld_f16x8(p.add(16))) } else { None };
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    for c in 0..4 {
+                        let v = _mm256_loadu_si256(p.add(sb + 32 * c).cast());
+                        w[c] = _mm256_and_si256(v, m4);
+                        w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                    }
+                    for (m, acc) in acc.iter_mut().enumerate() {
+                        let a = &*acts.add(m * nb + b);
+                        let mut isum = $isum_u4(&w, a.qs.as_ptr());
+                        if !MIN {
+                            let o = _mm256_set1_epi32(8 * *isums.add(m * nb + b));
+                            isum = _mm256_sub_epi32(isum, o);
+                        }
+                        *acc = finish_block(*acc, isum, dw, a, mw);
+                    }
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds eight f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+            }
+        }
+
+        /// Q8_0 over `N` activation rows (`_MIN` is unused; it keeps `q4`'s shape).
+        #[target_feature(enable = $feat)]
+        unsafe fn q8<const N: usize, const _MIN: bool>(
+            g: *const u8,
+            nb: usize,
+            acts: *const BlockQ8,
+            isums: *const i32,
+            out: &mut [[f32; R8]; 4],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                // SAFETY: as in `q4`.
+                unsafe {
+                    let p = g.add(b * 272);
+                    let dw = ld_f16x8(p);
+                    for (m, acc) in acc.iter_mut().enumerate() {
+                        let a = &*acts.add(m * nb + b);
+                        let a_sum = *isums.add(m * nb + b);
+                        let isum = $isum_u8(p.add(16), a.qs.as_ptr(), a_sum);
+                        let isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(128 * a_sum));
+                        *acc = finish_block(*acc, isum, dw, a, None);
+                    }
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds eight f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+            }
+        }
+
+        /// Q4_K over `N` activation rows.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4k<const N: usize>(
+            g: *const u8,
+            nb: usize,
+            acts: *const BlockQ8K,
+            out: &mut [[f32; R8]; 4],
+        ) {
+            let m4 = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
+                // activation blocks are readable.
+                unsafe {
+                    let p = g.add(b * Q4K_GROUP_BLOCK);
+                    let mut tot = [_mm256_setzero_si256(); N];
+                    let mut msum = [_mm256_setzero_si256(); N];
+                    for pair in 0..4 {
+                        let q = p.add(160 + 256 * pair);
+                        for hi in 0..2 {
+                            let j = 2 * pair + hi;
+                            let mut w = [_mm256_setzero_si256(); 8];
+                            for (c, w) in w.iter_mut().enumerate() {
+                                let v = _mm256_loadu_si256(q.add(32 * c).cast());
+                                let v = if hi == 1 {
+                                    _mm256_srli_epi16::<4>(v)
+                                } else {
+                                    v
+                                };
+                                *w = _mm256_and_si256(v, m4);
+                            }
+                            let sc =
+                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * j).cast()));
+                            for (m, tot) in tot.iter_mut().enumerate() {
+                                let a = &*acts.add(m * nb + b);
+                                let isum = $isum_u4(&w, a.qs.as_ptr().add(32 * j));
+                                *tot = _mm256_add_epi32(*tot, _mm256_mullo_epi32(isum, sc));
+                            }
+                        }
+                    }
+                    for j in 0..8 {
+                        let mj = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(96 + 8 * j).cast()));
+                        for (m, ms) in msum.iter_mut().enumerate() {
+                            let a = &*acts.add(m * nb + b);
+                            let bsum = a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
+                            *ms = _mm256_add_epi32(
+                                *ms,
+                                _mm256_mullo_epi32(mj, _mm256_set1_epi32(bsum)),
+                            );
+                        }
+                    }
+                    let dw = ld_f16x8(p);
+                    let dmw = ld_f16x8(p.add(16));
+                    for m in 0..N {
+                        let da = _mm256_set1_ps((*acts.add(m * nb + b)).d);
+                        acc[m] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(dw, da),
+                            _mm256_cvtepi32_ps(tot[m]),
+                            acc[m],
+                        );
+                        acc[m] = _mm256_fnmadd_ps(
+                            _mm256_mul_ps(dmw, da),
+                            _mm256_cvtepi32_ps(msum[m]),
+                            acc[m],
+                        );
+                    }
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds eight f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+            }
+        }
+
+        /// Q6_K over `N` activation rows.
+        #[target_feature(enable = $feat)]
+        unsafe fn q6k<const N: usize>(
+            g: *const u8,
+            nb: usize,
+            acts: *const BlockQ8K,
+            out: &mut [[f32; R8]; 4],
+        ) {
+            let m4 = _mm256_set1_epi8(0x0f);
+            let m2 = _mm256_set1_epi8(0x03);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
+                // activation blocks are readable.
+                unsafe {
+                    let p = g.add(b * Q6K_GROUP_BLOCK);
+                    let mut tot = [_mm256_setzero_si256(); N];
+                    for sub in 0..8 {
+                        let (pair, nib, h, k) = (sub / 2, sub % 2, sub / 4, sub % 4);
+                        let lo_at = p.add(144 + 256 * pair);
+                        let hi_at = p.add(1168 + 256 * h);
+                        let lo_shift = _mm_cvtsi32_si128(4 * nib as i32);
+                        let hi_shift = _mm_cvtsi32_si128(2 * k as i32);
+                        let mut w = [_mm256_setzero_si256(); 8];
+                        for (c, w) in w.iter_mut().enumerate() {
+                            let lo = _mm256_loadu_si256(lo_at.add(32 * c).cast());
+                            let hi = _mm256_loadu_si256(hi_at.add(32 * c).cast());
+                            let lo = _mm256_and_si256(_mm256_srl_epi16(lo, lo_shift), m4);
+                            let hi = _mm256_and_si256(_mm256_srl_epi16(hi, hi_shift), m2);
+                            *w = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi));
+                        }
+                        let sc0 =
+                            _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(16 + 16 * sub).cast()));
+                        let sc1 =
+                            _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(24 + 16 * sub).cast()));
+                        for (m, tot) in tot.iter_mut().enumerate() {
+                            let a = &*acts.add(m * nb + b);
+                            let ap = a.qs.as_ptr().add(32 * sub);
+                            let (s0, s1) = $isum_u6(&w, ap);
+                            let o0 = _mm256_set1_epi32(32 * a.bsums[2 * sub] as i32);
+                            let o1 = _mm256_set1_epi32(32 * a.bsums[2 * sub + 1] as i32);
+                            let t0 = _mm256_mullo_epi32(_mm256_sub_epi32(s0, o0), sc0);
+                            let t1 = _mm256_mullo_epi32(_mm256_sub_epi32(s1, o1), sc1);
+                            *tot = _mm256_add_epi32(*tot, _mm256_add_epi32(t0, t1));
+                        }
+                    }
+                    let dw = ld_f16x8(p);
+                    for m in 0..N {
+                        let da = _mm256_set1_ps((*acts.add(m * nb + b)).d);
+                        acc[m] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(dw, da),
+                            _mm256_cvtepi32_ps(tot[m]),
+                            acc[m],
+                        );
+                    }
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds eight f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+            }
+        }
+
+        r8_wrapper!(r8_q4_0, GgmlType::Q4_0, q4, false);
+        r8_wrapper!(r8_q4_1, GgmlType::Q4_1, q4, true);
+        r8_wrapper!(r8_q8_0, GgmlType::Q8_0, q8, false);
+
+        r8k_wrapper!(r8_q4_k, GgmlType::Q4_K, q4k);
+        r8k_wrapper!(r8_q6_k, GgmlType::Q6_K, q6k);
+    };
+}
+
+/// The AVX2 family.
+mod avx2 {
+    use super::*;
+    r8_family!("avx2,fma,f16c", isum_u4_avx2, isum_u8_avx2, isum_u6_avx2);
+}
+
+/// The AVX-512 VNNI family (256-bit `vpdpbusd`, which needs AVX512VL).
+mod vnni {
+    use super::*;
+    r8_family!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        isum_u4_vnni,
+        isum_u8_vnni,
+        isum_u6_vnni
+    );
+}
