@@ -15,17 +15,23 @@
 //! | Q4_0 | 144 | `d[8]` (f16), then 4 chunks of 32 bytes |
 //! | Q4_1 | 160 | `d[8]`, `m[8]` (f16), then 4 chunks of 32 bytes |
 //! | Q8_0 | 272 | `d[8]` (f16), then 8 chunks of 32 bytes |
+//! | Q4_K | 1184 | 256 columns: `d[8]`, `dmin[8]`, unpacked scales and mins, 32 chunks |
 //!
 //! Q4 chunk `c`, byte `4r + j` is byte `4c + j` of row `r`'s GGML block: its low nibble is
 //! column `4c + j` and its high nibble column `16 + 4c + j`. Q8_0 chunk `c`, byte `4r + j`
 //! is column `4c + j` of row `r` plus 128, stored unsigned. A group's blocks follow each
 //! other along the row, and groups follow each other: the repacked weight has exactly
-//! the bytes of the original.
+//! the bytes of the original (Q4_K: 2.8% more, its 6-bit scales stored unpacked; see
+//! `repack_q4_k`).
+//!
+//! Q6_K has no interleaved layout: one was built (its top two bits a kilobyte away from
+//! the nibbles) and decoded 18% slower than the file layout's kernel on an AVX-512
+//! EPYC, where decode is bound by memory, so its weights stay as they are.
 //!
 //! ## Arithmetic (the definition every kernel family reproduces bit for bit)
 //!
 //! For weight row `r` and activation row `m` ([`BlockQ8`], with its block sums `Σa` as
-//! exact integers), per block in column order:
+//! exact integers), per block in column order (Q4_K: see `r8k_q4_k_ref`):
 //!
 //! ```text
 //! isum = Σ q·a − o·Σa          (exact i32; o = 8 for Q4_0, 128 for Q8_0, 0 for Q4_1)
@@ -70,7 +76,6 @@ pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_1 => Some(160),
         GgmlType::Q8_0 => Some(272),
         GgmlType::Q4_K => Some(Q4K_GROUP_BLOCK),
-        GgmlType::Q6_K => Some(Q6K_GROUP_BLOCK),
         _ => None,
     }
 }
@@ -88,11 +93,7 @@ impl Interleaved {
         let nb = cols / ty.block_elems();
         let mut out = vec![0u8; rows / R8 * nb * gbb];
         if ty.block_elems() == 256 {
-            if ty == GgmlType::Q4_K {
-                repack_q4_k(data, nb, &mut out);
-            } else {
-                repack_q6_k(data, nb, &mut out);
-            }
+            repack_q4_k(data, nb, &mut out);
             return Some(Self {
                 ty,
                 rows,
@@ -233,96 +234,6 @@ fn r8k_q4_k_ref(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]
     }
 }
 
-/// Bytes of one Q6_K group block (8 rows × 256 columns): as many as eight GGML blocks.
-pub const Q6K_GROUP_BLOCK: usize = 1680;
-
-/// The 256 six-bit codes (0..63, the weight plus 32) of a GGML Q6_K block, in column
-/// order (ggml's `dequantize_row_q6_K` layout).
-fn q6_k_codes(blk: &[u8]) -> [u8; 256] {
-    let (ql, qh) = (&blk[..128], &blk[128..192]);
-    let mut q = [0u8; 256];
-    for n in 0..2 {
-        for l in 0..32 {
-            let (a, b, h) = (ql[64 * n + l], ql[64 * n + l + 32], qh[32 * n + l]);
-            q[128 * n + l] = (a & 15) | (h & 3) << 4;
-            q[128 * n + l + 32] = (b & 15) | ((h >> 2) & 3) << 4;
-            q[128 * n + l + 64] = (a >> 4) | ((h >> 4) & 3) << 4;
-            q[128 * n + l + 96] = (b >> 4) | ((h >> 6) & 3) << 4;
-        }
-    }
-    q
-}
-
-/// Repacks Q6_K rows: per group block `d[8]` (f16), the scales `sc[s][r]` (i8, 16
-/// columns each), the codes' low nibbles in Q4_K's arrangement (per pair of 32-column
-/// sub-blocks eight chunks of 32 bytes, chunk `c` byte `4r + j`: column `64P + 4c + j`
-/// low, `64P + 32 + 4c + j` high), then their top two bits (per 128 columns `H` eight
-/// chunks, chunk `c` byte `4r + j` bits `2k..2k + 2`: column `128H + 32k + 4c + j`).
-fn repack_q6_k(data: &[u8], nb: usize, out: &mut [u8]) {
-    let rb = nb * 210;
-    for (g, og) in out.chunks_exact_mut(nb * Q6K_GROUP_BLOCK).enumerate() {
-        for (b, o) in og.chunks_exact_mut(Q6K_GROUP_BLOCK).enumerate() {
-            for r in 0..R8 {
-                let s = &data[(g * R8 + r) * rb + b * 210..][..210];
-                o[2 * r..2 * r + 2].copy_from_slice(&s[208..210]);
-                for (i, &sc) in s[192..208].iter().enumerate() {
-                    o[16 + 8 * i + r] = sc;
-                }
-                let q = q6_k_codes(s);
-                for c in 0..8 {
-                    for j in 0..4 {
-                        let at = 4 * r + j;
-                        for p in 0..4 {
-                            let (lo, hi) = (q[64 * p + 4 * c + j], q[64 * p + 32 + 4 * c + j]);
-                            o[144 + 256 * p + 32 * c + at] = (lo & 15) | (hi & 15) << 4;
-                        }
-                        for h in 0..2 {
-                            o[1168 + 256 * h + 32 * c + at] = (0..4)
-                                .map(|k| (q[128 * h + 32 * k + 4 * c + j] >> 4) << (2 * k))
-                                .sum();
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Code of row `r`, column `e` in a Q6_K group block.
-fn q6_k_code(blk: &[u8], r: usize, e: usize) -> i32 {
-    let (sub, c, j) = (e / 32, (e % 32) / 4, e % 4);
-    let (p, nib, h, k) = (sub / 2, sub % 2, sub / 4, sub % 4);
-    let lo = (blk[144 + 256 * p + 32 * c + 4 * r + j] >> (4 * nib)) & 15;
-    let hi = (blk[1168 + 256 * h + 32 * c + 4 * r + j] >> (2 * k)) & 3;
-    (lo | hi << 4) as i32
-}
-
-/// The Q6_K twin: per super-block the exact integer `Σ_s sc_s·(Σ q·a − 32·Σa)` over the
-/// sixteen 16-column scales, then `acc = fma(d_w·d_a, tot, acc)`.
-fn r8k_q6_k_ref(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]; 4]) {
-    let nb = check_r8k(GgmlType::Q6_K, group, acts, na);
-    for m in 0..na {
-        for r in 0..R8 {
-            let mut acc = 0f32;
-            for b in 0..nb {
-                let blk = &group[b * Q6K_GROUP_BLOCK..][..Q6K_GROUP_BLOCK];
-                let a = &acts[m * nb + b];
-                let mut tot = 0i32;
-                for s in 0..16 {
-                    let mut isum = 0i32;
-                    for e in 16 * s..16 * s + 16 {
-                        isum += q6_k_code(blk, r, e) * a.qs[e] as i32;
-                    }
-                    let sc = blk[16 + 8 * s + r] as i8 as i32;
-                    tot += sc * (isum - 32 * a.bsums[s] as i32);
-                }
-                acc = (ld_f16(blk, r) * a.d).mul_add(tot as f32, acc);
-            }
-            out[m][r] = acc;
-        }
-    }
-}
-
 /// Checks a K-quant call's lengths; returns the number of super-blocks per row.
 pub(super) fn check_r8k(ty: GgmlType, group: &[u8], acts: &[BlockQ8K], na: usize) -> usize {
     let gbb = group_block_bytes(ty).expect("interleaved type");
@@ -423,17 +334,16 @@ fn r8_q8_0_ref(g: &[u8], a: &[BlockQ8], s: &[i32], na: usize, o: &mut [[f32; R8]
 /// The interleaved K-quant kernel for `ty` of SIMD family `level`, if `ty` has one and
 /// this CPU can run it. Every family gives the same bits.
 pub fn r8k_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R8KFn> {
-    if !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || level > crate::cpu::supported() {
+    if ty != GgmlType::Q4_K || level > crate::cpu::supported() {
         return None;
     }
     match level {
-        SimdLevel::Scalar if ty == GgmlType::Q4_K => Some(r8k_q4_k_ref),
-        SimdLevel::Scalar => Some(r8k_q6_k_ref),
+        SimdLevel::Scalar => Some(r8k_q4_k_ref),
         // SAFETY: the CPU supports `level` (checked above).
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => Some(unsafe { super::interleave_x86::kernel_k(ty) }),
+        SimdLevel::Avx2 => Some(unsafe { super::interleave_x86::kernel_k() }),
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x86::kernel_k_vnni(ty) }),
+        SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x86::kernel_k_vnni() }),
         #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }

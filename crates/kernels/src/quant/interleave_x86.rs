@@ -8,7 +8,7 @@
 //! are at most 15 and activations at most 127 in magnitude) and one `vpmaddwd`; the VNNI
 //! family with `vpdpbusd`.
 
-use super::interleave::{check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R8};
+use super::interleave::{check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, R8};
 use super::{BlockQ8, BlockQ8K, GgmlType};
 use std::arch::x86_64::*;
 
@@ -36,26 +36,20 @@ pub(super) unsafe fn kernel_vnni(ty: GgmlType) -> R8Fn {
     }
 }
 
-/// The AVX2 K-quant kernel for `ty` (Q4_K or Q6_K).
+/// The AVX2 Q4_K kernel.
 ///
 /// # Safety
 /// As [`kernel`].
-pub(super) unsafe fn kernel_k(ty: GgmlType) -> R8KFn {
-    match ty {
-        GgmlType::Q4_K => avx2::r8_q4_k,
-        _ => avx2::r8_q6_k,
-    }
+pub(super) unsafe fn kernel_k() -> R8KFn {
+    avx2::r8_q4_k
 }
 
-/// The AVX-512 VNNI K-quant kernel for `ty`, bit-identical to [`kernel_k`].
+/// The AVX-512 VNNI Q4_K kernel, bit-identical to [`kernel_k`].
 ///
 /// # Safety
 /// As [`kernel_vnni`].
-pub(super) unsafe fn kernel_k_vnni(ty: GgmlType) -> R8KFn {
-    match ty {
-        GgmlType::Q4_K => vnni::r8_q4_k,
-        _ => vnni::r8_q6_k,
-    }
+pub(super) unsafe fn kernel_k_vnni() -> R8KFn {
+    vnni::r8_q4_k
 }
 
 /// Four activation bytes (columns `4k..4k + 4` of `a`) in every 32-bit lane.
@@ -131,40 +125,6 @@ unsafe fn isum_u8_avx2(q: *const u8, a: *const i8, a_sum: i32) -> __m256i {
             s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
         }
         s
-    }
-}
-
-/// Q6 `Σ q·a` per row over columns 0..16 and 16..32 of a sub-block with `vpmaddubsw`
-/// (codes are at most 63, so two 16-bit pair sums stay below 2¹⁵).
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn isum_u6_avx2(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
-    // SAFETY: `a` points at a sub-block's 32 quants (the caller's contract).
-    unsafe {
-        let ones = _mm256_set1_epi16(1);
-        let mut s = [_mm256_setzero_si256(); 2];
-        for k in (0..8).step_by(2) {
-            let p = _mm256_add_epi16(
-                _mm256_maddubs_epi16(w[k], bcast4(a, k)),
-                _mm256_maddubs_epi16(w[k + 1], bcast4(a, k + 1)),
-            );
-            s[k / 4] = _mm256_add_epi32(s[k / 4], _mm256_madd_epi16(p, ones));
-        }
-        (s[0], s[1])
-    }
-}
-
-/// Q6 `Σ q·a` per row over columns 0..16 and 16..32 with `vpdpbusd`.
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn isum_u6_vnni(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
-    // SAFETY: as above.
-    unsafe {
-        let mut s = [_mm256_setzero_si256(); 2];
-        for (k, wk) in w.iter().enumerate() {
-            s[k / 4] = _mm256_dpbusd_epi32(s[k / 4], *wk, bcast4(a, k));
-        }
-        (s[0], s[1])
     }
 }
 
@@ -246,7 +206,7 @@ macro_rules! r8k_wrapper {
 }
 
 macro_rules! r8_family {
-    ($feat:literal, $isum_u4:ident, $isum_u8:ident, $isum_u6:ident) => {
+    ($feat:literal, $isum_u4:ident, $isum_u8:ident) => {
         /// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation
         /// rows.
         #[target_feature(enable = $feat)]
@@ -394,82 +354,18 @@ macro_rules! r8_family {
             }
         }
 
-        /// Q6_K over `N` activation rows.
-        #[target_feature(enable = $feat)]
-        unsafe fn q6k<const N: usize>(
-            g: *const u8,
-            nb: usize,
-            acts: *const BlockQ8K,
-            out: &mut [[f32; R8]; 4],
-        ) {
-            let m4 = _mm256_set1_epi8(0x0f);
-            let m2 = _mm256_set1_epi8(0x03);
-            let mut acc = [_mm256_setzero_ps(); N];
-            for b in 0..nb {
-                // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
-                // activation blocks are readable.
-                unsafe {
-                    let p = g.add(b * Q6K_GROUP_BLOCK);
-                    let mut tot = [_mm256_setzero_si256(); N];
-                    for sub in 0..8 {
-                        let (pair, nib, h, k) = (sub / 2, sub % 2, sub / 4, sub % 4);
-                        let lo_at = p.add(144 + 256 * pair);
-                        let hi_at = p.add(1168 + 256 * h);
-                        let lo_shift = _mm_cvtsi32_si128(4 * nib as i32);
-                        let hi_shift = _mm_cvtsi32_si128(2 * k as i32);
-                        let mut w = [_mm256_setzero_si256(); 8];
-                        for (c, w) in w.iter_mut().enumerate() {
-                            let lo = _mm256_loadu_si256(lo_at.add(32 * c).cast());
-                            let hi = _mm256_loadu_si256(hi_at.add(32 * c).cast());
-                            let lo = _mm256_and_si256(_mm256_srl_epi16(lo, lo_shift), m4);
-                            let hi = _mm256_and_si256(_mm256_srl_epi16(hi, hi_shift), m2);
-                            *w = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi));
-                        }
-                        let sc0 =
-                            _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(16 + 16 * sub).cast()));
-                        let sc1 =
-                            _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(24 + 16 * sub).cast()));
-                        for (m, tot) in tot.iter_mut().enumerate() {
-                            let a = &*acts.add(m * nb + b);
-                            let ap = a.qs.as_ptr().add(32 * sub);
-                            let (s0, s1) = $isum_u6(&w, ap);
-                            let o0 = _mm256_set1_epi32(32 * a.bsums[2 * sub] as i32);
-                            let o1 = _mm256_set1_epi32(32 * a.bsums[2 * sub + 1] as i32);
-                            let t0 = _mm256_mullo_epi32(_mm256_sub_epi32(s0, o0), sc0);
-                            let t1 = _mm256_mullo_epi32(_mm256_sub_epi32(s1, o1), sc1);
-                            *tot = _mm256_add_epi32(*tot, _mm256_add_epi32(t0, t1));
-                        }
-                    }
-                    let dw = ld_f16x8(p);
-                    for m in 0..N {
-                        let da = _mm256_set1_ps((*acts.add(m * nb + b)).d);
-                        acc[m] = _mm256_fmadd_ps(
-                            _mm256_mul_ps(dw, da),
-                            _mm256_cvtepi32_ps(tot[m]),
-                            acc[m],
-                        );
-                    }
-                }
-            }
-            for (o, a) in out.iter_mut().zip(acc) {
-                // SAFETY: `o` holds eight f32.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
-            }
-        }
-
         r8_wrapper!(r8_q4_0, GgmlType::Q4_0, q4, false);
         r8_wrapper!(r8_q4_1, GgmlType::Q4_1, q4, true);
         r8_wrapper!(r8_q8_0, GgmlType::Q8_0, q8, false);
 
         r8k_wrapper!(r8_q4_k, GgmlType::Q4_K, q4k);
-        r8k_wrapper!(r8_q6_k, GgmlType::Q6_K, q6k);
     };
 }
 
 /// The AVX2 family.
 mod avx2 {
     use super::*;
-    r8_family!("avx2,fma,f16c", isum_u4_avx2, isum_u8_avx2, isum_u6_avx2);
+    r8_family!("avx2,fma,f16c", isum_u4_avx2, isum_u8_avx2);
 }
 
 /// The AVX-512 VNNI family (256-bit `vpdpbusd`, which needs AVX512VL).
@@ -478,7 +374,6 @@ mod vnni {
     r8_family!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         isum_u4_vnni,
-        isum_u8_vnni,
-        isum_u6_vnni
+        isum_u8_vnni
     );
 }
