@@ -5,7 +5,8 @@
 //! once so a weight block is unpacked once per four tokens during prefill. Where a
 //! register-tiled kernel exists (the 32-wide formats on AVX2), full groups of four
 //! activation rows go through it two weight rows at a time; it gives each pair the
-//! bits of the per-pair kernel, which handles the rows left over.
+//! bits of the per-pair kernel, which handles the rows left over. Weights repacked at
+//! load (`quant::interleave`) go through their own kernels eight rows at a time.
 //!
 //! Architecture invariant: the value of `out[i][r]` never depends on how the work was
 //! split between threads, and for every weight format it depends only on activation
@@ -15,9 +16,7 @@
 use crate::cpu::Numerics;
 use crate::ops;
 use crate::pool::{SyncPtr, ThreadPool};
-use crate::quant::interleave::{
-    block_isums, r8_kernel, r8k_kernel_at, Interleaved, R8Fn, R8KFn, R8,
-};
+use crate::quant::interleave::{block_isums, r8_kernel, r8k_kernel, Interleaved, R8Fn, R8KFn, R8};
 use crate::quant::wq::{quantize_row_i8_tok, u4_act_sums};
 use crate::quant::{
     dot_kernel, dot_kernel_i8_tok, pack_scales4, quantize_row_q8, quantize_row_q8k,
@@ -71,7 +70,7 @@ fn kernel_for(w: &WeightRef<'_>) -> Kernel {
         if let Some(f) = r8_kernel(p.ty) {
             return Kernel::R8(f);
         }
-        if let Some(f) = r8k_kernel_at(crate::cpu::simd_level(), p.ty) {
+        if let Some(f) = r8k_kernel(p.ty) {
             return Kernel::R8K(f);
         }
     }
@@ -285,7 +284,9 @@ pub struct MatmulJob<'a, 'b> {
 }
 
 /// Weight rows per tile: a tile stays in L1 while four-row groups of activations stream.
+/// Whole interleaved groups.
 const ROW_TILE: usize = 16;
+const _: () = assert!(ROW_TILE.is_multiple_of(R8));
 
 /// `out = x · Wᵀ`, out shaped (x.n_rows, w.rows).
 pub fn matmul(pool: &ThreadPool, x: &mut Activations, w: WeightRef<'_>, out: &mut [f32]) {

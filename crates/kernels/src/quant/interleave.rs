@@ -331,6 +331,11 @@ fn r8_q8_0_ref(g: &[u8], a: &[BlockQ8], s: &[i32], na: usize, o: &mut [[f32; R8]
     r8_ref(GgmlType::Q8_0, g, a, s, na, o)
 }
 
+/// The interleaved K-quant kernel for `ty` on this CPU.
+pub fn r8k_kernel(ty: GgmlType) -> Option<R8KFn> {
+    r8k_kernel_at(crate::cpu::simd_level(), ty)
+}
+
 /// The interleaved K-quant kernel for `ty` of SIMD family `level`, if `ty` has one and
 /// this CPU can run it. Every family gives the same bits.
 pub fn r8k_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R8KFn> {
