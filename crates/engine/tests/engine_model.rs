@@ -8,6 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use pagellm_engine::sampler::argmax;
 use pagellm_engine::{
     Engine, EngineConfig, EngineCore, EngineError, FinishInfo, FinishReason, RequestId,
     RequestParams, SamplingParams, SchedulerConfig, StopReason,
@@ -316,16 +317,6 @@ fn batched_engine_matches_each_prompt_run_alone() {
         "{as_llama_cpp}/{} prompts equal llama.cpp's 32-token continuations",
         cases.len()
     );
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]
