@@ -193,6 +193,11 @@ pub struct EngineCore {
     batch: Batch,
     limits: EngineLimits,
     sinks: HashMap<RequestId, OutputSink>,
+    /// Updates made by the current step or call, sent together by [`Self::deliver`].
+    outbox: Vec<(OutputSink, RequestOutput)>,
+    /// Where [`Self::deliver`] publishes the stats before sending updates, so a client
+    /// that has seen an update reads gauges and counters that include it.
+    published: Option<Arc<std::sync::Mutex<EngineStats>>>,
     next_seq: u64,
     stats: EngineStats,
     probe: Option<LogitsProbe>,
@@ -293,6 +298,8 @@ impl EngineCore {
             ws: Workspace::default(),
             batch: Batch::default(),
             sinks: HashMap::new(),
+            outbox: Vec::new(),
+            published: None,
             next_seq: 0,
             stats: EngineStats::default(),
             probe: None,
@@ -318,6 +325,25 @@ impl EngineCore {
     fn leave_queue(&self, n: u64) {
         if let (Some(q), true) = (&self.queued, n > 0) {
             q.fetch_sub(n as usize, Ordering::AcqRel);
+        }
+    }
+
+    /// Publishes [`Self::stats`] into `to` before each batch of updates is sent.
+    pub fn publish_stats(&mut self, to: Arc<std::sync::Mutex<EngineStats>>) {
+        self.published = Some(to);
+    }
+
+    /// Publishes the stats, then sends the updates made since the last call.
+    fn deliver(&mut self) {
+        if let Some(to) = &self.published {
+            let s = self.stats();
+            if let Ok(mut g) = to.lock() {
+                *g = s;
+            }
+        }
+        for (sink, out) in self.outbox.drain(..) {
+            // A receiver that went away is noticed by the next step.
+            let _ = sink.send(out);
         }
     }
 
@@ -373,6 +399,7 @@ impl EngineCore {
             String::new(),
             Instant::now(),
         );
+        self.deliver();
     }
 
     /// Ends a request whose output reached a stop string found off the engine thread
@@ -388,6 +415,7 @@ impl EngineCore {
             String::new(),
             Instant::now(),
         );
+        self.deliver();
     }
 
     /// Aborts every request.
@@ -414,8 +442,15 @@ impl EngineCore {
         self.sched.kv.check_invariants()
     }
 
-    /// Runs one step. Returns an empty report when there is nothing to do.
+    /// Runs one step and sends its updates. Returns an empty report when there is
+    /// nothing to do.
     pub fn step(&mut self) -> StepReport {
+        let report = self.step_inner();
+        self.deliver();
+        report
+    }
+
+    fn step_inner(&mut self) -> StepReport {
         // Clients that went away: abort before spending compute on them.
         let gone: Vec<RequestId> = self
             .sinks
@@ -599,12 +634,17 @@ impl EngineCore {
                     logprobs: logprobs.into_iter().collect(),
                     finish: None,
                 };
-                if self.sinks.get(&id).is_some_and(|s| s.send(out).is_err()) {
-                    // The receiver is gone: nobody wants the rest.
-                    self.abort(id);
-                    return Some(id);
+                match self.sinks.get(&id) {
+                    Some(s) if !s.is_closed() => {
+                        self.outbox.push((s.clone(), out));
+                        None
+                    }
+                    _ => {
+                        // The receiver is gone: nobody wants the rest.
+                        self.abort(id);
+                        Some(id)
+                    }
                 }
-                None
             }
             Some((reason, stop_reason)) => {
                 if !matches!(stop_reason, Some(StopReason::Text(_))) {
@@ -663,21 +703,24 @@ impl EngineCore {
             }
         }
         if let Some(sink) = self.sinks.remove(&id) {
-            let _ = sink.send(RequestOutput {
-                request_id: id,
-                token_ids,
-                text,
-                time: now,
-                logprobs,
-                finish: Some(FinishInfo {
-                    reason,
-                    stop_reason,
-                    usage: req.usage(),
-                    times: req.times.clone(),
-                    num_preemptions: req.num_preemptions,
-                    error,
-                }),
-            });
+            self.outbox.push((
+                sink,
+                RequestOutput {
+                    request_id: id,
+                    token_ids,
+                    text,
+                    time: now,
+                    logprobs,
+                    finish: Some(FinishInfo {
+                        reason,
+                        stop_reason,
+                        usage: req.usage(),
+                        times: req.times.clone(),
+                        num_preemptions: req.num_preemptions,
+                        error,
+                    }),
+                },
+            ));
         }
     }
 }

@@ -196,9 +196,10 @@ impl Engine {
         let limits = core.limits();
         let queued = Arc::new(AtomicUsize::new(0));
         core.track_queue(queued.clone());
+        let stats = Arc::new(Mutex::new(core.stats()));
+        core.publish_stats(stats.clone());
         let queued2 = queued.clone();
         let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(Mutex::new(core.stats()));
         let shared = stats.clone();
         let (kv_pub, kv_events) = crate::kv_events::channel();
         let thread = std::thread::Builder::new()

@@ -270,17 +270,26 @@ async fn a_client_that_hangs_up_cancels_the_upstream_request() {
             &[],
         )
     };
-    assert_eq!(running().await, 1.0);
-    drop(s);
-    let mut gone = false;
-    for _ in 0..100 {
-        if running().await == 0.0 {
-            gone = true;
-            break;
+    // The replica publishes its gauges after each step, so the step that sent the first
+    // token may not be counted yet when that token arrives: wait for it.
+    let until = |want: f64| async move {
+        for _ in 0..100 {
+            if running().await == want {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(gone, "the replica kept running the abandoned request");
+        false
+    };
+    assert!(
+        until(1.0).await,
+        "the replica never counted the request as running"
+    );
+    drop(s);
+    assert!(
+        until(0.0).await,
+        "the replica kept running the abandoned request"
+    );
     let m = get(&a.url, "/metrics", None).await.text;
     assert_eq!(
         metric(
