@@ -29,6 +29,16 @@ pub struct AttnShape {
 pub trait KvView: Sync {
     fn load_key(&self, pos: usize, kv_head: usize, dst: &mut [f32]);
     fn load_value(&self, pos: usize, kv_head: usize, dst: &mut [f32]);
+    /// Keys and values of positions `0..n` of `kv_head` into `k` and `v` (`n` rows of
+    /// `head_dim` each). Stores override it to walk their layout once instead of
+    /// locating every row.
+    fn load_rows(&self, n: usize, kv_head: usize, k: &mut [f32], v: &mut [f32]) {
+        let hd = k.len() / n.max(1);
+        for j in 0..n {
+            self.load_key(j, kv_head, &mut k[j * hd..(j + 1) * hd]);
+            self.load_value(j, kv_head, &mut v[j * hd..(j + 1) * hd]);
+        }
+    }
 }
 
 /// Keys and values stored contiguously in f16: (positions, n_kv_heads, head_dim) each.
@@ -138,6 +148,8 @@ fn run_attention<V: KvView>(
         let mut vf = Vec::new();
         let mut scores = Vec::new();
         let mut lanes = Vec::new();
+        let mut lanes2 = Vec::new();
+        let mut probs: Vec<Vec<f32>> = Vec::new();
         let mut q16 = vec![0f32; head_dim];
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -148,13 +160,69 @@ fn run_attention<V: KvView>(
             let ctx = s.pos0 + toks.end;
             kf.resize(ctx * head_dim, 0.0);
             vf.resize(ctx * head_dim, 0.0);
-            for j in 0..ctx {
-                s.kv.load_key(j, *kvh, &mut kf[j * head_dim..(j + 1) * head_dim]);
-                s.kv.load_value(j, *kvh, &mut vf[j * head_dim..(j + 1) * head_dim]);
-            }
+            s.kv.load_rows(ctx, *kvh, &mut kf, &mut vf);
             scores.resize(ctx, 0.0);
             for t in toks.clone() {
                 let pos = s.pos0 + t;
+                #[cfg(target_arch = "x86_64")]
+                if numerics == Numerics::Fast
+                    && head_dim.is_multiple_of(8)
+                    && crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2
+                {
+                    let n = pos + 1;
+                    let decode = pos >= s.decode_from;
+                    let h0 = kvh * group;
+                    // Every head's probabilities first, then the weighted sums of the
+                    // values two heads at a time, so each value row read serves both.
+                    probs.resize_with(group, Vec::new);
+                    for (g, p) in probs.iter_mut().enumerate() {
+                        let item = (s.token0 + t) * n_heads + h0 + g;
+                        q16.copy_from_slice(&q[item * head_dim..(item + 1) * head_dim]);
+                        super::round_to_f16(&mut q16);
+                        p.resize(n, 0.0);
+                        // SAFETY: AVX2/FMA checked; `kf` holds `ctx >= n` rows.
+                        unsafe {
+                            probs_avx2(&q16, &kf[..n * head_dim], scale, &mut p[..n], decode)
+                        };
+                    }
+                    // SAFETY: each (token, head) slice of `out` belongs to exactly one task.
+                    let out_of = |g: usize| unsafe {
+                        let item = (s.token0 + t) * n_heads + h0 + g;
+                        std::slice::from_raw_parts_mut(outp.get().add(item * head_dim), head_dim)
+                    };
+                    let vn = &vf[..n * head_dim];
+                    let mut g = 0;
+                    while g < group {
+                        // SAFETY: AVX2/FMA checked; `vn` holds n rows, outputs head_dim.
+                        unsafe {
+                            if g + 1 < group {
+                                let (pa, pb) = (&probs[g][..n], &probs[g + 1][..n]);
+                                let (oa, ob) = (out_of(g), out_of(g + 1));
+                                x86::weighted_sum_pair_for(
+                                    decode,
+                                    pa,
+                                    pb,
+                                    vn,
+                                    &mut lanes,
+                                    &mut lanes2,
+                                    oa,
+                                    ob,
+                                );
+                                g += 2;
+                            } else {
+                                x86::weighted_sum_for(
+                                    decode,
+                                    &probs[g][..n],
+                                    vn,
+                                    &mut lanes,
+                                    out_of(g),
+                                );
+                                g += 1;
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for h in kvh * group..(kvh + 1) * group {
                     let item = (s.token0 + t) * n_heads + h;
                     let qh = &q[item * head_dim..(item + 1) * head_dim];
@@ -328,6 +396,23 @@ unsafe fn attend_one_avx2(
     assert!(k.len() >= n * hd && v.len() >= n * hd && out.len() == hd);
     // SAFETY: AVX2/FMA are the caller's contract; the slice lengths were checked above.
     unsafe {
+        probs_avx2(q, k, scale, scores, decode);
+        x86::weighted_sum_for(decode, scores, v, lanes, out);
+    }
+}
+
+/// The first half of [`attend_one_avx2`]: `scores` becomes the f16-rounded softmax of
+/// the scaled scores of `q` against the rows of `k`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `q.len()` a multiple of 8; `k` holds
+/// `scores.len()` rows of `q.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn probs_avx2(q: &[f32], k: &[f32], scale: f32, scores: &mut [f32], decode: bool) {
+    assert!(q.len().is_multiple_of(8) && k.len() >= scores.len() * q.len());
+    // SAFETY: checked above; AVX2/FMA are the caller's contract.
+    unsafe {
         if decode {
             x86::scores::<4>(q, k, scale, scores);
         } else {
@@ -336,164 +421,11 @@ unsafe fn attend_one_avx2(
     }
     softmax_ggml(scores);
     super::round_to_f16(scores);
-    // SAFETY: as above.
-    unsafe {
-        if decode {
-            x86::weighted_sum::<32>(scores, v, lanes, out);
-        } else {
-            x86::weighted_sum::<8>(scores, v, lanes, out);
-        }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// `scores[j] = (q · k_j) * scale`, the dot product summed in `8 * R` lanes (element
-    /// `i` in lane `i mod 8R`, register `r` holding lanes `8r..8r + 8`) and reduced as
-    /// `reduce32` (R = 4) or `reduce8` (R = 1) do.
-    ///
-    /// # Safety
-    /// AVX2/FMA; `q.len()` a multiple of 8; `k` holds `scores.len()` rows of `q.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores<const R: usize>(
-        q: &[f32],
-        k: &[f32],
-        scale: f32,
-        scores: &mut [f32],
-    ) {
-        let hd = q.len();
-        let w = 8 * R;
-        let (full, rem) = (hd / w, (hd % w) / 8);
-        let q = q.as_ptr();
-        for (j, s) in scores.iter_mut().enumerate() {
-            // SAFETY: row j of `k` and all of `q` are in bounds by the contract above.
-            unsafe {
-                let kj = k.as_ptr().add(j * hd);
-                let mut acc = [_mm256_setzero_ps(); R];
-                for c in 0..full {
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let o = c * w + 8 * r;
-                        *a = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(q.add(o)),
-                            _mm256_loadu_ps(kj.add(o)),
-                            *a,
-                        );
-                    }
-                }
-                for (r, a) in acc.iter_mut().enumerate().take(rem) {
-                    let o = full * w + 8 * r;
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(o)), _mm256_loadu_ps(kj.add(o)), *a);
-                }
-                *s = reduce(&acc) * scale;
-            }
-        }
-    }
-
-    /// `reduce32` (R = 4) or `reduce8` (R = 1) of the lanes in `acc`.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn reduce<const R: usize>(acc: &[__m256; R]) -> f32 {
-        if R == 4 {
-            // s[l] = (x[l] + x[16 + l]) + (x[8 + l] + x[24 + l]), t[l] = s[l] + s[l + 4],
-            // then (t0 + t1) + (t2 + t3).
-            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-            let t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-            let u = _mm_add_ps(t, _mm_movehdup_ps(t));
-            _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)))
-        } else {
-            // t[l] = x[l] + x[l + 4], then (t0 + t2) + (t1 + t3).
-            let x = acc[0];
-            let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-            let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
-            _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
-        }
-    }
-
-    /// `out[d] = Σ_j p_j v_j[d]` with position `j` accumulated in lane `j mod L`
-    /// (`lanes_weighted_sum`): each lane's partial sums are kept in registers over its
-    /// positions, stored to `acc` (L × hd), and reduced across lanes eight dimensions at
-    /// a time.
-    ///
-    /// # Safety
-    /// AVX2/FMA; `out.len()` a multiple of 8; `v` holds `p.len()` rows of `out.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_sum<const L: usize>(
-        p: &[f32],
-        v: &[f32],
-        acc: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        let hd = out.len();
-        // Every value is written below (lanes without positions get zeros).
-        acc.resize(L * hd, 0.0);
-        let mut d0 = 0;
-        // SAFETY: columns d0.. of the rows of `v` and `acc` are in bounds (contract).
-        unsafe {
-            while d0 + 64 <= hd {
-                lane_sums::<L, 8>(p, v, hd, d0, acc);
-                d0 += 64;
-            }
-            while d0 < hd {
-                lane_sums::<L, 1>(p, v, hd, d0, acc);
-                d0 += 8;
-            }
-        }
-        for (c, o) in out.chunks_exact_mut(8).enumerate() {
-            // SAFETY: lane l's row of `acc` has `hd` values; `o` eight.
-            unsafe {
-                let x = |l: usize| _mm256_loadu_ps(acc.as_ptr().add(l * hd + 8 * c));
-                let r = if L == 32 {
-                    let s: [__m256; 8] = std::array::from_fn(|l| {
-                        _mm256_add_ps(
-                            _mm256_add_ps(x(l), x(16 + l)),
-                            _mm256_add_ps(x(8 + l), x(24 + l)),
-                        )
-                    });
-                    let t: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(s[l], s[l + 4]));
-                    _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]))
-                } else {
-                    let t: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(x(l), x(l + 4)));
-                    _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
-                };
-                _mm256_storeu_ps(o.as_mut_ptr(), r);
-            }
-        }
-    }
-
-    /// Columns `d0..d0 + 8M` of every lane's partial sums, in `M` registers.
-    ///
-    /// # Safety
-    /// As for [`weighted_sum`], with `d0 + 8M <= hd`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn lane_sums<const L: usize, const M: usize>(
-        p: &[f32],
-        v: &[f32],
-        hd: usize,
-        d0: usize,
-        acc: &mut [f32],
-    ) {
-        for l in 0..L {
-            let mut a = [_mm256_setzero_ps(); M];
-            for j in (l..p.len()).step_by(L) {
-                // SAFETY: row j of `v`, columns d0..d0 + 8M, by the contract.
-                unsafe {
-                    let pj = _mm256_set1_ps(*p.get_unchecked(j));
-                    let vj = v.as_ptr().add(j * hd + d0);
-                    for (m, a) in a.iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(vj.add(8 * m)), pj, *a);
-                    }
-                }
-            }
-            for (m, a) in a.iter().enumerate() {
-                // SAFETY: row l of `acc` has hd columns.
-                unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(l * hd + d0 + 8 * m), *a) };
-            }
-        }
-    }
-}
+#[path = "attention_x86.rs"]
+mod x86;
 
 /// `Σ a_i b_i` accumulated in `L` lanes (`i mod L`) by fused multiply-add, then reduced.
 #[inline(always)]
@@ -649,6 +581,48 @@ mod twin_tests {
             }
             let sum: f32 = s1.iter().sum();
             prop_assert!((sum - 1.0).abs() < 1e-2, "probabilities sum to {}", sum);
+        }
+    }
+
+    proptest! {
+        /// The batched call (probabilities per head, then the values weighted two heads
+        /// at a time) gives every (token, head) exactly what `attend_one` gives it alone,
+        /// for prompt and decode positions and a group with an odd head left over.
+        #[test]
+        fn grouped_heads_match_one_head_at_a_time(seed in 0u64..1000, pos0 in 0usize..40, n_tokens in 1usize..40, hd in prop::sample::select(vec![8usize, 24, 64, 72]), decode_from in 0usize..80) {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let (n_heads, n_kv_heads) = (6, 2);
+            let ctx = pos0 + n_tokens;
+            let kv16 = |rng: &mut rand::rngs::StdRng| -> Vec<f16> {
+                (0..ctx * n_kv_heads * hd).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect()
+            };
+            let (k, v) = (kv16(&mut rng), kv16(&mut rng));
+            let q: Vec<f32> = (0..n_tokens * n_heads * hd).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let shape = AttnShape { n_heads, n_kv_heads, head_dim: hd };
+            let kv = ContiguousKv { k: &k, v: &v, n_kv_heads, head_dim: hd };
+            let seqs = [AttnSeq { token0: 0, pos0, n_tokens, decode_from, kv }];
+            let mut got = vec![0f32; q.len()];
+            attention(&ThreadPool::new(2), shape, &q, &seqs, &mut got);
+            let kv = &seqs[0].kv;
+            let (mut kf, mut vf) = (vec![0f32; ctx * hd], vec![0f32; ctx * hd]);
+            for t in 0..n_tokens {
+                let pos = pos0 + t;
+                for h in 0..n_heads {
+                    let kvh = h / (n_heads / n_kv_heads);
+                    for j in 0..=pos {
+                        kv.load_key(j, kvh, &mut kf[j * hd..(j + 1) * hd]);
+                        kv.load_value(j, kvh, &mut vf[j * hd..(j + 1) * hd]);
+                    }
+                    let item = t * n_heads + h;
+                    let mut q16 = q[item * hd..(item + 1) * hd].to_vec();
+                    crate::ops::round_to_f16(&mut q16);
+                    let mut want = vec![0f32; hd];
+                    let n = pos + 1;
+                    attend_one(&q16, &kf[..n * hd], &vf[..n * hd], 1.0 / (hd as f32).sqrt(), &mut vec![0f32; n], &mut Vec::new(), &mut want, pos >= decode_from);
+                    prop_assert_eq!(&got[item * hd..(item + 1) * hd], &want[..], "token {} head {}", t, h);
+                }
+            }
         }
     }
 

@@ -36,6 +36,29 @@ pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
     scalar::dot_f16(a, b)
 }
 
+/// Hints the CPU to fetch the cache lines of `bytes` bytes from `p` into L1. A hint
+/// only: the address is never dereferenced, so any pointer is allowed.
+#[inline(always)]
+pub fn prefetch_range(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let mut o = 0;
+        while o < bytes {
+            // SAFETY: prefetch never faults and reads nothing architecturally.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8) };
+            o += 64;
+        }
+        // The last line when the range straddles one more boundary.
+        if bytes > 0 {
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1) as *const i8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
 /// Converts f16 values (as raw bits) to f32; exact, so every path gives the same result.
 #[inline]
 pub fn f16_bits_to_f32(src: &[u16], dst: &mut [f32]) {

@@ -1,0 +1,331 @@
+//! The AVX2 bodies of the attention kernels (see the parent module): every addition
+//! and fused multiply-add is the portable twin's, in the same order.
+
+use std::arch::x86_64::*;
+
+/// `scores[j] = (q · k_j) * scale`, the dot product summed in `8 * R` lanes (element
+/// `i` in lane `i mod 8R`, register `r` holding lanes `8r..8r + 8`) and reduced as
+/// `reduce32` (R = 4) or `reduce8` (R = 1) do.
+///
+/// # Safety
+/// AVX2/FMA; `q.len()` a multiple of 8; `k` holds `scores.len()` rows of `q.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn scores<const R: usize>(q: &[f32], k: &[f32], scale: f32, scores: &mut [f32]) {
+    let hd = q.len();
+    let w = 8 * R;
+    let (full, rem) = (hd / w, (hd % w) / 8);
+    // A prompt's keys eight at a time: eight independent chains, reduced together.
+    // (A decode's four registers per key would not fit eight keys in registers.)
+    let n8 = if R == 1 { scores.len() / 8 * 8 } else { 0 };
+    for j0 in (0..n8).step_by(8) {
+        // SAFETY: rows j0..j0 + 8 of `k` are in bounds (contract).
+        unsafe { scores8(q, k.as_ptr().add(j0 * hd), scale, &mut scores[j0..j0 + 8]) };
+    }
+    let q = q.as_ptr();
+    for (j, s) in scores.iter_mut().enumerate().skip(n8) {
+        // SAFETY: row j of `k` and all of `q` are in bounds by the contract above.
+        unsafe {
+            let kj = k.as_ptr().add(j * hd);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for c in 0..full {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let o = c * w + 8 * r;
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(o)), _mm256_loadu_ps(kj.add(o)), *a);
+                }
+            }
+            for (r, a) in acc.iter_mut().enumerate().take(rem) {
+                let o = full * w + 8 * r;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(o)), _mm256_loadu_ps(kj.add(o)), *a);
+            }
+            *s = reduce(&acc) * scale;
+        }
+    }
+}
+
+/// [`scores`]`::<1>` for eight consecutive rows of `k` from `k8`: the same lane sums
+/// (each query chunk loaded once for the eight rows), and the same additions of
+/// `reduce8` for each row, done for the eight rows side by side (lane-wise additions
+/// of transposed halves instead of one shuffle chain per row).
+///
+/// # Safety
+/// AVX2/FMA; `q.len()` a multiple of 8; `k8` points at 8 rows of `q.len()` values;
+/// `out.len() == 8`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores8(q: &[f32], k8: *const f32, scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let qp = q.as_ptr();
+    // Each row's eight lanes, summed over the chunks in order.
+    let mut x = [_mm256_setzero_ps(); 8];
+    for c in 0..hd / 8 {
+        // SAFETY: chunk c of `q` and of each of the eight rows is in bounds.
+        unsafe {
+            let qc = _mm256_loadu_ps(qp.add(8 * c));
+            for (row, xr) in x.iter_mut().enumerate() {
+                *xr = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k8.add(row * hd + 8 * c)), *xr);
+            }
+        }
+    }
+    // t = low half + high half of each row, two rows per register: [tA | tB].
+    let t = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    let (tab, tcd, tef, tgh) = (t(x[0], x[1]), t(x[2], x[3]), t(x[4], x[5]), t(x[6], x[7]));
+    // (t0 + t2) + (t1 + t3): pairs (0, 2) and (1, 3) first, then adjacent ones, which
+    // leaves the rows in the order [A C E G | B D F H].
+    let u = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x44>(tab, tcd), // [A0 A1 C0 C1 | B0 B1 D0 D1]
+        _mm256_shuffle_ps::<0xEE>(tab, tcd), // [A2 A3 C2 C3 | B2 B3 D2 D3]
+    );
+    let v = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x44>(tef, tgh),
+        _mm256_shuffle_ps::<0xEE>(tef, tgh),
+    );
+    let r = _mm256_hadd_ps(u, v);
+    // [A C E G | B D F H] -> [A B C D E F G H].
+    let r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let r = _mm256_mul_ps(r, _mm256_set1_ps(scale));
+    // SAFETY: `out` holds eight values (contract).
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), r) };
+}
+
+/// `reduce32` (R = 4) or `reduce8` (R = 1) of the lanes in `acc`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn reduce<const R: usize>(acc: &[__m256; R]) -> f32 {
+    if R == 4 {
+        // s[l] = (x[l] + x[16 + l]) + (x[8 + l] + x[24 + l]), t[l] = s[l] + s[l + 4],
+        // then (t0 + t1) + (t2 + t3).
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+        let u = _mm_add_ps(t, _mm_movehdup_ps(t));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)))
+    } else {
+        // t[l] = x[l] + x[l + 4], then (t0 + t2) + (t1 + t3).
+        let x = acc[0];
+        let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    }
+}
+
+/// `out[d] = Σ_j p_j v_j[d]` with position `j` accumulated in lane `j mod L`
+/// (`lanes_weighted_sum`): each lane's partial sums are kept in registers over its
+/// positions, stored to `acc` (L × hd), and reduced across lanes eight dimensions at
+/// a time.
+///
+/// # Safety
+/// AVX2/FMA; `out.len()` a multiple of 8; `v` holds `p.len()` rows of `out.len()`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_sum<const L: usize>(p: &[f32], v: &[f32], acc: &mut Vec<f32>, out: &mut [f32]) {
+    let hd = out.len();
+    // Every value is written below (lanes without positions get zeros).
+    acc.resize(L * hd, 0.0);
+    let mut d0 = 0;
+    // SAFETY: columns d0.. of the rows of `v` and `acc` are in bounds (contract).
+    unsafe {
+        while d0 + 64 <= hd {
+            lane_sums::<L, 8>(p, v, hd, d0, acc);
+            d0 += 64;
+        }
+        while d0 < hd {
+            lane_sums::<L, 1>(p, v, hd, d0, acc);
+            d0 += 8;
+        }
+    }
+    // SAFETY: `acc` holds L rows of hd (filled above); `out` has hd values.
+    unsafe { reduce_lanes::<L>(acc, out) };
+}
+
+/// `out[d]` = the reduction of lane sums `acc[l * hd + d]` over the L lanes, in
+/// `reduce32`'s (L = 32) or `reduce8`'s (L = 8) order, eight dimensions at a time.
+///
+/// # Safety
+/// AVX2; `acc` holds `L * out.len()` values; `out.len()` a multiple of 8.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn reduce_lanes<const L: usize>(acc: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    for (c, o) in out.chunks_exact_mut(8).enumerate() {
+        // SAFETY: lane l's row of `acc` has `hd` values; `o` eight.
+        unsafe {
+            let x = |l: usize| _mm256_loadu_ps(acc.as_ptr().add(l * hd + 8 * c));
+            let r = if L == 32 {
+                let s: [__m256; 8] = std::array::from_fn(|l| {
+                    _mm256_add_ps(
+                        _mm256_add_ps(x(l), x(16 + l)),
+                        _mm256_add_ps(x(8 + l), x(24 + l)),
+                    )
+                });
+                let t: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(s[l], s[l + 4]));
+                _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]))
+            } else {
+                let t: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(x(l), x(l + 4)));
+                _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
+            };
+            _mm256_storeu_ps(o.as_mut_ptr(), r);
+        }
+    }
+}
+
+/// [`weighted_sum`] with a decode's 32 lanes or a prompt's 8.
+///
+/// # Safety
+/// As for [`weighted_sum`].
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn weighted_sum_for(
+    decode: bool,
+    p: &[f32],
+    v: &[f32],
+    acc: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if decode {
+            weighted_sum::<32>(p, v, acc, out)
+        } else {
+            weighted_sum::<8>(p, v, acc, out)
+        }
+    }
+}
+
+/// [`weighted_sum_pair`] with a decode's 32 lanes or a prompt's 8.
+///
+/// # Safety
+/// As for [`weighted_sum_pair`].
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn weighted_sum_pair_for(
+    decode: bool,
+    pa: &[f32],
+    pb: &[f32],
+    v: &[f32],
+    acc_a: &mut Vec<f32>,
+    acc_b: &mut Vec<f32>,
+    oa: &mut [f32],
+    ob: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if decode {
+            weighted_sum_pair::<32>(pa, pb, v, acc_a, acc_b, oa, ob)
+        } else {
+            weighted_sum_pair::<8>(pa, pb, v, acc_a, acc_b, oa, ob)
+        }
+    }
+}
+
+/// [`weighted_sum`] of two probability rows `pa` and `pb` over the same values:
+/// each value register loaded once feeds both, and each output gets exactly the
+/// operations [`weighted_sum`] would give it alone.
+///
+/// # Safety
+/// As for [`weighted_sum`], for both rows; `pa.len() == pb.len()`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weighted_sum_pair<const L: usize>(
+    pa: &[f32],
+    pb: &[f32],
+    v: &[f32],
+    acc_a: &mut Vec<f32>,
+    acc_b: &mut Vec<f32>,
+    oa: &mut [f32],
+    ob: &mut [f32],
+) {
+    let hd = oa.len();
+    assert!(pa.len() == pb.len() && ob.len() == hd && v.len() >= pa.len() * hd);
+    acc_a.resize(L * hd, 0.0);
+    acc_b.resize(L * hd, 0.0);
+    let mut d0 = 0;
+    // SAFETY: columns d0.. of the rows of `v`, `acc_a` and `acc_b` are in bounds.
+    unsafe {
+        while d0 + 32 <= hd {
+            lane_sums_pair::<L, 4>(pa, pb, v, hd, d0, acc_a, acc_b);
+            d0 += 32;
+        }
+        while d0 < hd {
+            lane_sums_pair::<L, 1>(pa, pb, v, hd, d0, acc_a, acc_b);
+            d0 += 8;
+        }
+        reduce_lanes::<L>(acc_a, oa);
+        reduce_lanes::<L>(acc_b, ob);
+    }
+}
+
+/// [`lane_sums`] for two probability rows at once.
+///
+/// # Safety
+/// As for [`lane_sums`].
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn lane_sums_pair<const L: usize, const M: usize>(
+    pa: &[f32],
+    pb: &[f32],
+    v: &[f32],
+    hd: usize,
+    d0: usize,
+    acc_a: &mut [f32],
+    acc_b: &mut [f32],
+) {
+    for l in 0..L {
+        let mut a = [_mm256_setzero_ps(); M];
+        let mut b = [_mm256_setzero_ps(); M];
+        for j in (l..pa.len()).step_by(L) {
+            // SAFETY: row j of `v`, columns d0..d0 + 8M, by the contract.
+            unsafe {
+                let (wa, wb) = (
+                    _mm256_set1_ps(*pa.get_unchecked(j)),
+                    _mm256_set1_ps(*pb.get_unchecked(j)),
+                );
+                let vj = v.as_ptr().add(j * hd + d0);
+                for m in 0..M {
+                    let x = _mm256_loadu_ps(vj.add(8 * m));
+                    a[m] = _mm256_fmadd_ps(x, wa, a[m]);
+                    b[m] = _mm256_fmadd_ps(x, wb, b[m]);
+                }
+            }
+        }
+        for m in 0..M {
+            // SAFETY: row l of each accumulator has hd columns.
+            unsafe {
+                _mm256_storeu_ps(acc_a.as_mut_ptr().add(l * hd + d0 + 8 * m), a[m]);
+                _mm256_storeu_ps(acc_b.as_mut_ptr().add(l * hd + d0 + 8 * m), b[m]);
+            }
+        }
+    }
+}
+
+/// Columns `d0..d0 + 8M` of every lane's partial sums, in `M` registers.
+///
+/// # Safety
+/// As for [`weighted_sum`], with `d0 + 8M <= hd`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn lane_sums<const L: usize, const M: usize>(
+    p: &[f32],
+    v: &[f32],
+    hd: usize,
+    d0: usize,
+    acc: &mut [f32],
+) {
+    for l in 0..L {
+        let mut a = [_mm256_setzero_ps(); M];
+        for j in (l..p.len()).step_by(L) {
+            // SAFETY: row j of `v`, columns d0..d0 + 8M, by the contract.
+            unsafe {
+                let pj = _mm256_set1_ps(*p.get_unchecked(j));
+                let vj = v.as_ptr().add(j * hd + d0);
+                for (m, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(vj.add(8 * m)), pj, *a);
+                }
+            }
+        }
+        for (m, a) in a.iter().enumerate() {
+            // SAFETY: row l of `acc` has hd columns.
+            unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(l * hd + d0 + 8 * m), *a) };
+        }
+    }
+}
