@@ -196,15 +196,15 @@ impl Engine {
         let limits = core.limits();
         let queued = Arc::new(AtomicUsize::new(0));
         core.track_queue(queued.clone());
+        // The core publishes its stats here before it sends each batch of updates.
         let stats = Arc::new(Mutex::new(core.stats()));
         core.publish_stats(stats.clone());
         let queued2 = queued.clone();
         let (tx, rx) = mpsc::channel();
-        let shared = stats.clone();
         let (kv_pub, kv_events) = crate::kv_events::channel();
         let thread = std::thread::Builder::new()
             .name("pagellm-engine".into())
-            .spawn(move || run(core, rx, shared, queued2, kv_pub))
+            .spawn(move || run(core, rx, queued2, kv_pub))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx,
@@ -335,7 +335,6 @@ impl Drop for Engine {
 fn run(
     mut core: EngineCore,
     rx: mpsc::Receiver<Command>,
-    stats: Arc<Mutex<EngineStats>>,
     queued: Arc<AtomicUsize>,
     kv: crate::kv_events::KvEventPublisher,
 ) {
@@ -372,23 +371,12 @@ fn run(
                 Command::AbortAll => core.abort_all(),
                 Command::Shutdown => {
                     core.abort_all();
-                    publish(&mut core, &stats, &kv);
+                    kv.publish(core.take_kv_events());
                     return;
                 }
             }
         }
         core.step();
-        publish(&mut core, &stats, &kv);
+        kv.publish(core.take_kv_events());
     }
-}
-
-fn publish(
-    core: &mut EngineCore,
-    stats: &Mutex<EngineStats>,
-    kv: &crate::kv_events::KvEventPublisher,
-) {
-    if let Ok(mut s) = stats.lock() {
-        *s = core.stats();
-    }
-    kv.publish(core.take_kv_events());
 }
