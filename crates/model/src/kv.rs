@@ -324,9 +324,10 @@ impl KvView for PagedKvView<'_> {
     fn load_value(&self, pos: usize, h: usize, dst: &mut [f32]) {
         self.v.load(self.offset(pos, h), dst);
     }
-    /// Block by block: one table lookup per block, and the rows a few positions ahead
-    /// prefetched, since a long batch's keys and values come from memory, not cache,
-    /// at addresses the hardware prefetcher cannot guess across blocks.
+    /// Block by block: one table lookup per block. The rows a few positions ahead are
+    /// prefetched because blocks sit at scattered addresses; on the AVX-512 EPYC of
+    /// BENCHMARKS.md (2026-12-07) that made no measurable difference, as a batched
+    /// decode's key/value reads are bandwidth-bound there.
     fn load_rows(&self, n: usize, h: usize, k: &mut [f32], v: &mut [f32]) {
         const AHEAD: usize = 8;
         let (hd, bs) = (self.head_dim, self.block_size);
