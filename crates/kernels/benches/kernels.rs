@@ -8,6 +8,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
+use pagellm_kernels::quant::interleave::Interleaved;
 use pagellm_kernels::quant::{
     dot_kernel, dot_kernel_ref, quantize_row_q8, quantize_row_q8_ref, quantize_row_q8k,
     quantize_row_q8k_ref, ActQuant, BlockQ8, BlockQ8K, DotKernel, GgmlType, QuantParams,
@@ -185,6 +186,44 @@ fn bench_matmul(c: &mut Criterion) {
     g.finish();
 }
 
+/// Prompt processing: whole single-threaded matmuls of 128 activation rows (one pp128
+/// chunk) with the weights as the engine holds them (interleaved where the type has a
+/// layout for it): SmolLM2-135M's FFN up (1536x576, Q4_1) and Qwen2.5-1.5B's attention
+/// output (1536x1536, Q4_K) and FFN down (1536x8960, Q6_K), with rows cut to 1536.
+/// Throughput is in bytes of weights.
+fn bench_prefill(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let pool = ThreadPool::new(1);
+    let mut g = c.benchmark_group("prefill");
+    g.sample_size(20);
+    const N: usize = 128;
+    let w_rows = 1536;
+    for (ty, cols) in [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q4_K, 1536),
+        (GgmlType::Q6_K, 8960),
+    ] {
+        let rb = ty.row_bytes(cols).unwrap();
+        let base = weights(ty, cols, &mut rng);
+        let data: Vec<u8> = base.iter().copied().cycle().take(rb * w_rows).collect();
+        let packed = Interleaved::repack(ty, &data, w_rows, cols);
+        let w = WeightRef {
+            packed: packed.as_ref(),
+            ..WeightRef::plain(ty, &data, w_rows, cols)
+        };
+        let mut x = Activations::new();
+        for v in x.reset(N, cols) {
+            *v = rng.gen_range(-2.0..2.0);
+        }
+        let mut out = vec![0f32; N * w_rows];
+        g.throughput(Throughput::Bytes((rb * w_rows) as u64));
+        g.bench_function(format!("{}/{w_rows}x{cols}/n{N}", ty.name()), |b| {
+            b.iter(|| matmul(&pool, &mut x, w, black_box(&mut out)))
+        });
+    }
+    g.finish();
+}
+
 /// Whole single-threaded matmuls at Qwen2.5-0.5B's FFN shapes (gate 4864x896, down
 /// 896x4864) for one and four activation rows: Q4_0 against the checkpoint INT4 format
 /// (`U4`, group 128, with and without zero points), whose bytes are about the same.
@@ -304,6 +343,7 @@ criterion_group!(
     bench_dot,
     bench_quantize,
     bench_matmul,
+    bench_prefill,
     bench_matmul_int4,
     bench_attention
 );

@@ -13,7 +13,8 @@ use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_kernels::quant::blocks::scales_mins_k4;
 use pagellm_kernels::quant::interleave::{
-    block_isums, r8_kernel_at, r8k_kernel_at, Interleaved, R8,
+    block_isums, r16_kernel_at, r16k_kernel_at, r8_kernel_at, r8k_kernel_at, Interleaved, ACT_ROWS,
+    R16, R8,
 };
 use pagellm_kernels::quant::{
     dequantize_row, quantize_row_q8_ref, quantize_row_q8k_ref, BlockQ8, BlockQ8K, GgmlType,
@@ -163,6 +164,46 @@ proptest! {
         }
     }
 
+    /// The two-group kernels give each group's rows the twin's bits, for 1 to 8
+    /// activation rows in one call.
+    #[test]
+    fn two_group_kernels_match_the_twin(seed in 0u64..1_000_000, ty_i in 0usize..4, blocks in 1usize..4, n in 1usize..=ACT_ROWS) {
+        let c = case(seed, ty_i, 2, blocks, n);
+        let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
+        let nb = c.cols / c.ty.block_elems();
+        let (q, s) = quantized(&c);
+        let qk = if c.ty.block_elems() == 256 { quantized_k(&c) } else { Vec::new() };
+        // The twin, one group and one activation row at a time.
+        let mut want = vec![[f32::NAN; R16]; n];
+        for (m, want) in want.iter_mut().enumerate() {
+            for g in 0..2 {
+                let mut o = [[f32::NAN; R8]; 4];
+                if c.ty.block_elems() == 256 {
+                    r8k_kernel_at(SimdLevel::Scalar, c.ty).unwrap()(p.group(g), &qk[m * nb..], 1, &mut o);
+                } else {
+                    r8_kernel_at(SimdLevel::Scalar, c.ty).unwrap()(p.group(g), &q[m * nb..], &s[m * nb..], 1, &mut o);
+                }
+                want[g * R8..(g + 1) * R8].copy_from_slice(&o[0]);
+            }
+        }
+        for level in LEVELS {
+            let mut got = [[f32::NAN; R16]; ACT_ROWS];
+            if c.ty.block_elems() == 256 {
+                let Some(f) = r16k_kernel_at(level, c.ty) else { continue };
+                f(p.group(0), p.group(1), &qk, n, &mut got);
+            } else {
+                let Some(f) = r16_kernel_at(level, c.ty) else { continue };
+                f(p.group(0), p.group(1), &q, &s, n, &mut got);
+            }
+            for m in 0..n {
+                for r in 0..R16 {
+                    prop_assert_eq!(got[m][r].to_bits(), want[m][r].to_bits(),
+                        "{} {} act {} row {}: {} vs {}", level_name(level), c.ty.name(), m, r, got[m][r], want[m][r]);
+                }
+            }
+        }
+    }
+
     /// Repacking keeps every byte: each row comes back as it was.
     #[test]
     fn repack_round_trips(seed in 0u64..1_000_000, ty_i in 0usize..3, groups in 1usize..4, blocks in 1usize..5) {
@@ -275,13 +316,16 @@ fn interleaved_families_run_here() {
         let offered = r8_kernel_at(level, GgmlType::Q4_1).is_some();
         assert_eq!(offered, level <= supported(), "{}", level_name(level));
         assert_eq!(r8k_kernel_at(level, GgmlType::Q4_K).is_some(), offered);
+        let two = r16_kernel_at(level, GgmlType::Q4_1).is_some();
+        assert_eq!(r16k_kernel_at(level, GgmlType::Q4_K).is_some(), two);
+        assert_eq!(two, offered && level == SimdLevel::Avx512Vnni);
         eprintln!(
             "interleaved family {}: {}",
             level_name(level),
-            if offered {
-                "run"
-            } else {
-                "NOT RUN (this CPU lacks it)"
+            match (offered, two) {
+                (true, true) => "run, with its two-group (512-bit) kernels",
+                (true, false) => "run",
+                _ => "NOT RUN (this CPU lacks it)",
             }
         );
     }

@@ -28,6 +28,10 @@
 //! the nibbles) and decoded 18% slower than the file layout's kernel on an AVX-512
 //! EPYC, where decode is bound by memory, so its weights stay as they are.
 //!
+//! On CPUs with 512-bit registers, [`R16Fn`] kernels take two neighbouring groups per call
+//! (one group per register half) and up to [`ACT_ROWS`] activation rows; each lane does
+//! what the one-group kernels do, so they give the same bits.
+//!
 //! ## Arithmetic (the definition every kernel family reproduces bit for bit)
 //!
 //! For weight row `r` and activation row `m` ([`BlockQ8`], with its block sums `Σa` as
@@ -67,6 +71,28 @@ pub type R8Fn =
 
 /// As [`R8Fn`] for the K-quants' interleaved groups, against [`BlockQ8K`] activations.
 pub type R8KFn = fn(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]; 4]);
+
+/// Rows of a two-group call.
+pub const R16: usize = 2 * R8;
+
+/// Most activation rows of a two-group call.
+pub const ACT_ROWS: usize = 8;
+
+/// Dot products of two neighbouring interleaved groups (`g0`, `g1`, of the same length)
+/// with `na` (1 to [`ACT_ROWS`]) activation rows: `out[m][j]` is row `j` of `g0` for `j < 8` and row
+/// `j - 8` of `g1` otherwise. The bits are those of two [`R8Fn`] calls.
+pub type R16Fn = fn(
+    g0: &[u8],
+    g1: &[u8],
+    acts: &[BlockQ8],
+    isums: &[i32],
+    na: usize,
+    out: &mut [[f32; R16]; ACT_ROWS],
+);
+
+/// As [`R16Fn`] for the K-quants' interleaved groups.
+pub type R16KFn =
+    fn(g0: &[u8], g1: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R16]; ACT_ROWS]);
 
 /// Bytes of one group block (8 rows × one block of `ty`: 32 columns, 256 for Q4_K), for
 /// the types that have an interleaved layout.
@@ -244,6 +270,46 @@ pub(super) fn check_r8k(ty: GgmlType, group: &[u8], acts: &[BlockQ8K], na: usize
     nb
 }
 
+/// Checks a two-group call's lengths; returns the number of blocks per row.
+pub(super) fn check_r16(
+    ty: GgmlType,
+    g0: &[u8],
+    g1: &[u8],
+    acts: &[BlockQ8],
+    isums: &[i32],
+    na: usize,
+) -> usize {
+    assert_eq!(g0.len(), g1.len(), "groups of different lengths");
+    assert!(
+        (1..=ACT_ROWS).contains(&na),
+        "1 to {ACT_ROWS} activation rows, got {na}"
+    );
+    let nb = check_r8(ty, g0, acts, isums, 1);
+    assert!(
+        acts.len() >= na * nb && isums.len() >= na * nb,
+        "activations too short"
+    );
+    nb
+}
+
+/// As [`check_r16`] for the K-quants.
+pub(super) fn check_r16k(
+    ty: GgmlType,
+    g0: &[u8],
+    g1: &[u8],
+    acts: &[BlockQ8K],
+    na: usize,
+) -> usize {
+    assert_eq!(g0.len(), g1.len(), "groups of different lengths");
+    assert!(
+        (1..=ACT_ROWS).contains(&na),
+        "1 to {ACT_ROWS} activation rows, got {na}"
+    );
+    let nb = check_r8k(ty, g0, acts, 1);
+    assert!(acts.len() >= na * nb, "activations too short");
+    nb
+}
+
 /// The exact integer sum of each activation block's quants, for the interleaved kernels'
 /// offsets.
 pub fn block_isums(acts: &[BlockQ8], out: &mut [i32]) {
@@ -381,6 +447,39 @@ pub fn r8_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R8Fn> {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x86::kernel_vnni(ty) }),
         #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// The two-group kernel for `ty` on this CPU: families with 512-bit registers have one.
+pub fn r16_kernel(ty: GgmlType) -> Option<R16Fn> {
+    r16_kernel_at(crate::cpu::simd_level(), ty)
+}
+
+/// The two-group kernel for `ty` of SIMD family `level`, if it has one and this CPU can
+/// run it.
+pub fn r16_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R16Fn> {
+    r8_kernel_at(level, ty)?;
+    match level {
+        // SAFETY: `r8_kernel_at` checked that the CPU supports `level`.
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x512::kernel(ty) }),
+        _ => None,
+    }
+}
+
+/// The two-group K-quant kernel for `ty` on this CPU.
+pub fn r16k_kernel(ty: GgmlType) -> Option<R16KFn> {
+    r16k_kernel_at(crate::cpu::simd_level(), ty)
+}
+
+/// As [`r16_kernel_at`] for the K-quants.
+pub fn r16k_kernel_at(level: SimdLevel, ty: GgmlType) -> Option<R16KFn> {
+    r8k_kernel_at(level, ty)?;
+    match level {
+        // SAFETY: `r8k_kernel_at` checked that the CPU supports `level`.
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => Some(unsafe { super::interleave_x512::kernel_k() }),
         _ => None,
     }
 }

@@ -202,6 +202,8 @@ pub mod wq;
 mod dot_avx2;
 pub mod interleave;
 #[cfg(target_arch = "x86_64")]
+mod interleave_x512;
+#[cfg(target_arch = "x86_64")]
 mod interleave_x86;
 #[cfg(target_arch = "x86_64")]
 mod wq_avx2;

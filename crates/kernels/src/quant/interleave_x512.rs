@@ -1,0 +1,322 @@
+//! The interleaved kernels on 512-bit registers: two neighbouring groups (sixteen weight
+//! rows) per call, the low half of every register holding the first group's eight rows
+//! and the high half the second's.
+//!
+//! One `vpdpbusd` on a 512-bit register does the work of two on 256-bit ones, and every
+//! per-row step (the scale products, the conversion, the FMAs) covers sixteen rows at a
+//! time. Each lane goes through exactly the operations of `interleave_x86`'s kernels (the
+//! same exact integer per block, then the same float steps in the same order), so a
+//! result is bit-identical whether it came from here, from one group at a time, or from
+//! the portable twin: the layout and the arithmetic are `interleave`'s.
+
+use super::interleave::{check_r16, check_r16k, R16Fn, R16KFn, ACT_ROWS, Q4K_GROUP_BLOCK, R16};
+use super::{BlockQ8, BlockQ8K, GgmlType};
+use std::arch::x86_64::*;
+
+/// The 512-bit kernel for `ty` (an interleaved 32-wide type).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
+pub(super) unsafe fn kernel(ty: GgmlType) -> R16Fn {
+    match ty {
+        GgmlType::Q4_0 => r16_q4_0,
+        GgmlType::Q4_1 => r16_q4_1,
+        _ => r16_q8_0,
+    }
+}
+
+/// The 512-bit Q4_K kernel.
+///
+/// # Safety
+/// As [`kernel`].
+pub(super) unsafe fn kernel_k() -> R16KFn {
+    r16_q4_k
+}
+
+/// The 32 bytes at `p0` in the low half, those at `p1` in the high half.
+///
+/// # Safety
+/// Both ranges must be readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn ld2(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees both ranges.
+    unsafe {
+        let lo = _mm256_loadu_si256(p0.cast());
+        let hi = _mm256_loadu_si256(p1.cast());
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    }
+}
+
+/// Eight f16 at `p0` and eight at `p1` as sixteen f32 lanes.
+///
+/// # Safety
+/// `p0..p0 + 16` and `p1..p1 + 16` must be readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn ld2_f16x8(p0: *const u8, p1: *const u8) -> __m512 {
+    // SAFETY: the caller guarantees both ranges.
+    unsafe {
+        let lo = _mm_loadu_si128(p0.cast());
+        let hi = _mm_loadu_si128(p1.cast());
+        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+    }
+}
+
+/// Four activation bytes (columns `4k..4k + 4` of `a`) in every 32-bit lane.
+///
+/// # Safety
+/// `a + 4k .. a + 4k + 4` must be readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn bcast4(a: *const i8, k: usize) -> __m512i {
+    // SAFETY: the caller guarantees the four bytes are readable.
+    unsafe { _mm512_set1_epi32(a.add(4 * k).cast::<i32>().read_unaligned()) }
+}
+
+/// `Σ w·a` per row over one 32-column block: two chains of four steps, so that the
+/// `vpdpbusd` latency does not bound a block.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn isum8(w: &[__m512i; 8], a: *const i8) -> __m512i {
+    // SAFETY: `a` points at a block's 32 quants (the caller's contract).
+    unsafe {
+        let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(a, 0));
+        let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(a, 1));
+        for k in (2..8).step_by(2) {
+            s0 = _mm512_dpbusd_epi32(s0, w[k], bcast4(a, k));
+            s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast4(a, k + 1));
+        }
+        _mm512_add_epi32(s0, s1)
+    }
+}
+
+/// Stores each activation row's sixteen results.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn store<const N: usize>(acc: &[__m512; N], out: &mut [[f32; R16]; ACT_ROWS]) {
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` holds sixteen f32.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+    }
+}
+
+macro_rules! r16_wrapper {
+    ($f:ident, $ty:expr, $call:ident, $min:literal) => {
+        fn $f(
+            g0: &[u8],
+            g1: &[u8],
+            acts: &[BlockQ8],
+            isums: &[i32],
+            na: usize,
+            out: &mut [[f32; R16]; ACT_ROWS],
+        ) {
+            let nb = check_r16($ty, g0, g1, acts, isums, na);
+            let (p0, p1, a, s) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr(), isums.as_ptr());
+            // SAFETY: lengths checked above; the fn pointer is only handed out on CPUs
+            // with this family's features.
+            unsafe {
+                match na {
+                    1 => $call::<1, $min>(p0, p1, nb, a, s, out),
+                    2 => $call::<2, $min>(p0, p1, nb, a, s, out),
+                    3 => $call::<3, $min>(p0, p1, nb, a, s, out),
+                    4 => $call::<4, $min>(p0, p1, nb, a, s, out),
+                    5 => $call::<5, $min>(p0, p1, nb, a, s, out),
+                    6 => $call::<6, $min>(p0, p1, nb, a, s, out),
+                    7 => $call::<7, $min>(p0, p1, nb, a, s, out),
+                    _ => $call::<8, $min>(p0, p1, nb, a, s, out),
+                }
+            }
+        }
+    };
+}
+
+r16_wrapper!(r16_q4_0, GgmlType::Q4_0, q4, false);
+r16_wrapper!(r16_q4_1, GgmlType::Q4_1, q4, true);
+r16_wrapper!(r16_q8_0, GgmlType::Q8_0, q8, false);
+
+/// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4<const N: usize, const MIN: bool>(
+    g0: *const u8,
+    g1: *const u8,
+    nb: usize,
+    acts: *const BlockQ8,
+    isums: *const i32,
+    out: &mut [[f32; R16]; ACT_ROWS],
+) {
+    let (gbb, sb) = if MIN { (160, 32) } else { (144, 16) };
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: the wrapper checked that `nb` blocks of both groups and `N * nb`
+        // activation blocks and sums are readable.
+        unsafe {
+            let (p0, p1) = (g0.add(b * gbb), g1.add(b * gbb));
+            let dw = ld2_f16x8(p0, p1);
+            let mw = if MIN {
+                Some(ld2_f16x8(p0.add(16), p1.add(16)))
+            } else {
+                None
+            };
+            let mut w = [_mm512_setzero_si512(); 8];
+            for c in 0..4 {
+                let v = ld2(p0.add(sb + 32 * c), p1.add(sb + 32 * c));
+                w[c] = _mm512_and_si512(v, m4);
+                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+            }
+            for (m, acc) in acc.iter_mut().enumerate() {
+                let a = &*acts.add(m * nb + b);
+                let mut isum = isum8(&w, a.qs.as_ptr());
+                if !MIN {
+                    let o = _mm512_set1_epi32(8 * *isums.add(m * nb + b));
+                    isum = _mm512_sub_epi32(isum, o);
+                }
+                *acc = _mm512_fmadd_ps(
+                    _mm512_mul_ps(dw, _mm512_set1_ps(a.d)),
+                    _mm512_cvtepi32_ps(isum),
+                    *acc,
+                );
+                if let Some(mw) = mw {
+                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s), *acc);
+                }
+            }
+        }
+    }
+    store(&acc, out);
+}
+
+/// Q8_0 over `N` activation rows (`_MIN` is unused; it keeps `q4`'s shape).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8<const N: usize, const _MIN: bool>(
+    g0: *const u8,
+    g1: *const u8,
+    nb: usize,
+    acts: *const BlockQ8,
+    isums: *const i32,
+    out: &mut [[f32; R16]; ACT_ROWS],
+) {
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: as in `q4`.
+        unsafe {
+            let (p0, p1) = (g0.add(b * 272), g1.add(b * 272));
+            let dw = ld2_f16x8(p0, p1);
+            let mut w = [_mm512_setzero_si512(); 8];
+            for (k, w) in w.iter_mut().enumerate() {
+                *w = ld2(p0.add(16 + 32 * k), p1.add(16 + 32 * k));
+            }
+            for (m, acc) in acc.iter_mut().enumerate() {
+                let a = &*acts.add(m * nb + b);
+                let a_sum = *isums.add(m * nb + b);
+                let isum =
+                    _mm512_sub_epi32(isum8(&w, a.qs.as_ptr()), _mm512_set1_epi32(128 * a_sum));
+                *acc = _mm512_fmadd_ps(
+                    _mm512_mul_ps(dw, _mm512_set1_ps(a.d)),
+                    _mm512_cvtepi32_ps(isum),
+                    *acc,
+                );
+            }
+        }
+    }
+    store(&acc, out);
+}
+
+fn r16_q4_k(g0: &[u8], g1: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R16]; ACT_ROWS]) {
+    let nb = check_r16k(GgmlType::Q4_K, g0, g1, acts, na);
+    let (p0, p1, a) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr());
+    // SAFETY: as in `r16_wrapper!`.
+    unsafe {
+        match na {
+            1 => q4k::<1>(p0, p1, nb, a, out),
+            2 => q4k::<2>(p0, p1, nb, a, out),
+            3 => q4k::<3>(p0, p1, nb, a, out),
+            4 => q4k::<4>(p0, p1, nb, a, out),
+            5 => q4k::<5>(p0, p1, nb, a, out),
+            6 => q4k::<6>(p0, p1, nb, a, out),
+            7 => q4k::<7>(p0, p1, nb, a, out),
+            _ => q4k::<8>(p0, p1, nb, a, out),
+        }
+    }
+}
+
+/// Q4_K over `N` activation rows: per sub-block the exact `Σ q·a` times the rows' 6-bit
+/// scales, per super-block the mins against the activation sums, then `interleave`'s two
+/// FMAs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4k<const N: usize>(
+    g0: *const u8,
+    g1: *const u8,
+    nb: usize,
+    acts: *const BlockQ8K,
+    out: &mut [[f32; R16]; ACT_ROWS],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: the wrapper checked that `nb` group blocks of both groups and `N * nb`
+        // activation blocks are readable.
+        unsafe {
+            let (p0, p1) = (g0.add(b * Q4K_GROUP_BLOCK), g1.add(b * Q4K_GROUP_BLOCK));
+            let mut tot = [_mm512_setzero_si512(); N];
+            let mut msum = [_mm512_setzero_si512(); N];
+            for pair in 0..4 {
+                let (q0, q1) = (p0.add(160 + 256 * pair), p1.add(160 + 256 * pair));
+                let mut raw = [_mm512_setzero_si512(); 8];
+                for (c, raw) in raw.iter_mut().enumerate() {
+                    *raw = ld2(q0.add(32 * c), q1.add(32 * c));
+                }
+                for hi in 0..2 {
+                    let j = 2 * pair + hi;
+                    let mut w = [_mm512_setzero_si512(); 8];
+                    for (w, raw) in w.iter_mut().zip(raw) {
+                        let v = if hi == 1 {
+                            _mm512_srli_epi16::<4>(raw)
+                        } else {
+                            raw
+                        };
+                        *w = _mm512_and_si512(v, m4);
+                    }
+                    let sc = sc16(p0.add(32 + 8 * j), p1.add(32 + 8 * j));
+                    for (m, tot) in tot.iter_mut().enumerate() {
+                        let a = &*acts.add(m * nb + b);
+                        let isum = isum8(&w, a.qs.as_ptr().add(32 * j));
+                        *tot = _mm512_add_epi32(*tot, _mm512_mullo_epi32(isum, sc));
+                    }
+                }
+            }
+            for j in 0..8 {
+                let mj = sc16(p0.add(96 + 8 * j), p1.add(96 + 8 * j));
+                for (m, ms) in msum.iter_mut().enumerate() {
+                    let a = &*acts.add(m * nb + b);
+                    let bsum = a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
+                    *ms = _mm512_add_epi32(*ms, _mm512_mullo_epi32(mj, _mm512_set1_epi32(bsum)));
+                }
+            }
+            let dw = ld2_f16x8(p0, p1);
+            let dmw = ld2_f16x8(p0.add(16), p1.add(16));
+            for m in 0..N {
+                let da = _mm512_set1_ps((*acts.add(m * nb + b)).d);
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(tot[m]), acc[m]);
+                acc[m] =
+                    _mm512_fnmadd_ps(_mm512_mul_ps(dmw, da), _mm512_cvtepi32_ps(msum[m]), acc[m]);
+            }
+        }
+    }
+    store(&acc, out);
+}
+
+/// Eight u8 at `p0` and eight at `p1` as sixteen i32 lanes.
+///
+/// # Safety
+/// `p0..p0 + 8` and `p1..p1 + 8` must be readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn sc16(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees both ranges.
+    unsafe {
+        let lo = _mm_loadl_epi64(p0.cast());
+        let hi = _mm_loadl_epi64(p1.cast());
+        _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi))
+    }
+}
