@@ -23,11 +23,12 @@ use pagellm_kernels::quant::{
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 4] = [
+const TYPES: [GgmlType; 5] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
+    GgmlType::Q6_K,
 ];
 
 /// Random GGML rows of `ty`: random quant bytes, finite scales (and mins) of either sign.
@@ -39,6 +40,7 @@ fn rows_of(ty: GgmlType, rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8
     // Where each f16 scale (or min) lies in a block.
     let fields: &[usize] = match ty {
         GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
         _ => &[0],
     };
     for blk in v.chunks_exact_mut(bb) {
@@ -104,8 +106,27 @@ fn quantized_k(c: &Case) -> Vec<BlockQ8K> {
     q
 }
 
-/// `Σ w·a` of Q4_K row `r` with activation row `m`, in f64 from the GGML blocks, and the
-/// sum of the terms' magnitudes.
+/// `Σ w·a` of K-quant row `r` with activation row `m`, in f64 from the GGML blocks, and
+/// the sum of the terms' magnitudes.
+fn exact_k(c: &Case, q: &[BlockQ8K], r: usize, m: usize) -> (f64, f64) {
+    if c.ty == GgmlType::Q4_K {
+        return exact_q4_k(c, q, r, m);
+    }
+    // Q6_K's dequantized weights `d·sc·(q − 32)` are exact in f32.
+    let rb = c.ty.row_bytes(c.cols).unwrap();
+    let mut wf = vec![0f32; c.cols];
+    dequantize_row(c.ty, &c.w[r * rb..(r + 1) * rb], &mut wf);
+    let nb = c.cols / 256;
+    let (mut exact, mut mass) = (0f64, 0f64);
+    for (e, &w) in wf.iter().enumerate() {
+        let a = &q[m * nb + e / 256];
+        let v = w as f64 * a.d as f64 * a.qs[e % 256] as f64;
+        exact += v;
+        mass += v.abs();
+    }
+    (exact, mass)
+}
+
 fn exact_q4_k(c: &Case, q: &[BlockQ8K], r: usize, m: usize) -> (f64, f64) {
     let nb = c.cols / 256;
     let (mut exact, mut mass) = (0f64, 0f64);
@@ -131,10 +152,10 @@ fn exact_q4_k(c: &Case, q: &[BlockQ8K], r: usize, m: usize) -> (f64, f64) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
-    /// The Q4_K families give the twin's bits for 1 to 4 activation rows, alone or
+    /// The K-quant families give the twin's bits for 1 to 4 activation rows, alone or
     /// together, and the twin is the exact product to f32 rounding.
     #[test]
-    fn q4_k_families_match_the_twin(seed in 0u64..1_000_000, ty_i in 3usize..4, blocks in 1usize..4, n in 1usize..=4) {
+    fn k_quant_families_match_the_twin(seed in 0u64..1_000_000, ty_i in 3usize..5, blocks in 1usize..4, n in 1usize..=4) {
         let c = case(seed, ty_i, 1, blocks, n);
         let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
         let q = quantized_k(&c);
@@ -157,7 +178,7 @@ proptest! {
         }
         for r in 0..R8 {
             for m in 0..n {
-                let (exact, mass) = exact_q4_k(&c, &q, r, m);
+                let (exact, mass) = exact_k(&c, &q, r, m);
                 prop_assert!((want[m][r] as f64 - exact).abs() <= 1e-5 * mass + 1e-6,
                     "act {} row {}: {} vs {}", m, r, want[m][r], exact);
             }
@@ -167,7 +188,7 @@ proptest! {
     /// The two-group kernels give each group's rows the twin's bits, for 1 to 8
     /// activation rows in one call.
     #[test]
-    fn two_group_kernels_match_the_twin(seed in 0u64..1_000_000, ty_i in 0usize..4, blocks in 1usize..4, n in 1usize..=ACT_ROWS) {
+    fn two_group_kernels_match_the_twin(seed in 0u64..1_000_000, ty_i in 0usize..5, blocks in 1usize..4, n in 1usize..=ACT_ROWS) {
         let c = case(seed, ty_i, 2, blocks, n);
         let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
         let nb = c.cols / c.ty.block_elems();
@@ -276,7 +297,7 @@ proptest! {
     /// A matmul through repacked weights: each cell is the kernel's result for its pair,
     /// and a row alone gets the bits it got in the batch, for any batch size and split.
     #[test]
-    fn repacked_matmul_is_batch_invariant(seed in 0u64..1_000_000, ty_i in 0usize..4, groups in 1usize..6, blocks in 1usize..4, n in 1usize..=11, pick in 0usize..11) {
+    fn repacked_matmul_is_batch_invariant(seed in 0u64..1_000_000, ty_i in 0usize..5, groups in 1usize..6, blocks in 1usize..4, n in 1usize..=11, pick in 0usize..11) {
         let c = case(seed, ty_i, groups, blocks, n);
         let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
         let w = WeightRef { packed: Some(&p), ..WeightRef::plain(c.ty, &c.w, c.rows, c.cols) };
@@ -316,8 +337,10 @@ fn interleaved_families_run_here() {
         let offered = r8_kernel_at(level, GgmlType::Q4_1).is_some();
         assert_eq!(offered, level <= supported(), "{}", level_name(level));
         assert_eq!(r8k_kernel_at(level, GgmlType::Q4_K).is_some(), offered);
+        assert_eq!(r8k_kernel_at(level, GgmlType::Q6_K).is_some(), offered);
         let two = r16_kernel_at(level, GgmlType::Q4_1).is_some();
         assert_eq!(r16k_kernel_at(level, GgmlType::Q4_K).is_some(), two);
+        assert_eq!(r16k_kernel_at(level, GgmlType::Q6_K).is_some(), two);
         assert_eq!(two, offered && level == SimdLevel::Avx512Vnni);
         eprintln!(
             "interleaved family {}: {}",
@@ -337,7 +360,8 @@ fn repack_refuses_what_it_cannot_hold() {
     let w = vec![0u8; 12 * 20];
     assert!(Interleaved::repack(GgmlType::Q4_1, &w, 12, 32).is_none());
     assert!(Interleaved::repack(GgmlType::Q5_0, &w, 8, 32).is_none());
-    assert!(Interleaved::repack(GgmlType::Q6_K, &[0; 8 * 210], 8, 256).is_none());
+    assert!(Interleaved::repack(GgmlType::Q5_K, &[0; 8 * 176], 8, 256).is_none());
+    assert!(Interleaved::repack(GgmlType::Q6_K, &[0; 8 * 210], 8, 256).is_some());
     assert!(Interleaved::repack(GgmlType::Q4_1, &w[..100], 8, 32).is_none());
     assert!(Interleaved::repack(GgmlType::Q4_1, &w[..160], 8, 32).is_some());
 }

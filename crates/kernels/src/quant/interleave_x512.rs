@@ -9,7 +9,10 @@
 //! result is bit-identical whether it came from here, from one group at a time, or from
 //! the portable twin: the layout and the arithmetic are `interleave`'s.
 
-use super::interleave::{check_r16, check_r16k, R16Fn, R16KFn, ACT_ROWS, Q4K_GROUP_BLOCK, R16};
+use super::interleave::{
+    check_r16, check_r16k, R16Fn, R16KFn, ACT_ROWS, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R16,
+};
+use super::interleave_x86::bsum_pair;
 use super::{BlockQ8, BlockQ8K, GgmlType};
 use std::arch::x86_64::*;
 
@@ -25,12 +28,15 @@ pub(super) unsafe fn kernel(ty: GgmlType) -> R16Fn {
     }
 }
 
-/// The 512-bit Q4_K kernel.
+/// The 512-bit kernel for K-quant `ty` (Q4_K or Q6_K).
 ///
 /// # Safety
 /// As [`kernel`].
-pub(super) unsafe fn kernel_k() -> R16KFn {
-    r16_q4_k
+pub(super) unsafe fn kernel_k(ty: GgmlType) -> R16KFn {
+    match ty {
+        GgmlType::Q4_K => r16_q4_k,
+        _ => r16_q6_k,
+    }
 }
 
 /// The 32 bytes at `p0` in the low half, those at `p1` in the high half.
@@ -222,23 +228,36 @@ unsafe fn q8<const N: usize, const _MIN: bool>(
     store(&acc, out);
 }
 
-fn r16_q4_k(g0: &[u8], g1: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R16]; ACT_ROWS]) {
-    let nb = check_r16k(GgmlType::Q4_K, g0, g1, acts, na);
-    let (p0, p1, a) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr());
-    // SAFETY: as in `r16_wrapper!`.
-    unsafe {
-        match na {
-            1 => q4k::<1>(p0, p1, nb, a, out),
-            2 => q4k::<2>(p0, p1, nb, a, out),
-            3 => q4k::<3>(p0, p1, nb, a, out),
-            4 => q4k::<4>(p0, p1, nb, a, out),
-            5 => q4k::<5>(p0, p1, nb, a, out),
-            6 => q4k::<6>(p0, p1, nb, a, out),
-            7 => q4k::<7>(p0, p1, nb, a, out),
-            _ => q4k::<8>(p0, p1, nb, a, out),
+macro_rules! r16k_wrapper {
+    ($f:ident, $ty:expr, $call:ident) => {
+        fn $f(
+            g0: &[u8],
+            g1: &[u8],
+            acts: &[BlockQ8K],
+            na: usize,
+            out: &mut [[f32; R16]; ACT_ROWS],
+        ) {
+            let nb = check_r16k($ty, g0, g1, acts, na);
+            let (p0, p1, a) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr());
+            // SAFETY: as in `r16_wrapper!`.
+            unsafe {
+                match na {
+                    1 => $call::<1>(p0, p1, nb, a, out),
+                    2 => $call::<2>(p0, p1, nb, a, out),
+                    3 => $call::<3>(p0, p1, nb, a, out),
+                    4 => $call::<4>(p0, p1, nb, a, out),
+                    5 => $call::<5>(p0, p1, nb, a, out),
+                    6 => $call::<6>(p0, p1, nb, a, out),
+                    7 => $call::<7>(p0, p1, nb, a, out),
+                    _ => $call::<8>(p0, p1, nb, a, out),
+                }
+            }
         }
-    }
+    };
 }
+
+r16k_wrapper!(r16_q4_k, GgmlType::Q4_K, q4k);
+r16k_wrapper!(r16_q6_k, GgmlType::Q6_K, q6k);
 
 /// Q4_K over `N` activation rows: per sub-block the exact `Σ q·a` times the rows' 6-bit
 /// scales, per super-block the mins against the activation sums, then `interleave`'s two
@@ -319,4 +338,88 @@ unsafe fn sc16(p0: *const u8, p1: *const u8) -> __m512i {
         let hi = _mm_loadl_epi64(p1.cast());
         _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi))
     }
+}
+
+/// Q6_K over `N` activation rows (see `interleave_x86`'s `q6k`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k<const N: usize>(
+    g0: *const u8,
+    g1: *const u8,
+    nb: usize,
+    acts: *const BlockQ8K,
+    out: &mut [[f32; R16]; ACT_ROWS],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: the wrapper checked that `nb` group blocks of both groups and `N * nb`
+        // activation blocks are readable.
+        unsafe {
+            let (p0, p1) = (g0.add(b * Q6K_GROUP_BLOCK), g1.add(b * Q6K_GROUP_BLOCK));
+            let mut sc = [_mm512_setzero_si512(); 8];
+            for (t, sc) in sc.iter_mut().enumerate() {
+                let lo = _mm_loadu_si128(p0.add(16 + 16 * t).cast());
+                let hi = _mm_loadu_si128(p1.add(16 + 16 * t).cast());
+                let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+                *sc = _mm512_cvtepi8_epi16(both);
+            }
+            let mut tot = [_mm512_setzero_si512(); N];
+            for (j, sc_j) in sc.iter().enumerate() {
+                let (q0, q1) = (p0.add(144 + 192 * j), p1.add(144 + 192 * j));
+                let qh = [ld2(q0.add(128), q1.add(128)), ld2(q0.add(160), q1.add(160))];
+                let mut w = [_mm512_setzero_si512(); 8];
+                for c in 0..4 {
+                    let raw = ld2(q0.add(32 * c), q1.add(32 * c));
+                    let hi = _mm512_srli_epi16::<4>(raw);
+                    w[c] = _mm512_ternarylogic_epi32::<0xF8>(top2(qh[0], c, m30), raw, m4);
+                    w[c + 4] = _mm512_ternarylogic_epi32::<0xF8>(top2(qh[1], c, m30), hi, m4);
+                }
+                let sc_lo = _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(*sc_j));
+                let sc_hi = _mm512_srai_epi32::<16>(*sc_j);
+                for (m, tot) in tot.iter_mut().enumerate() {
+                    let a = (*acts.add(m * nb + b)).qs.as_ptr().add(32 * j);
+                    let (mut lo, mut hi) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for k in 0..4 {
+                        lo = _mm512_dpbusd_epi32(lo, w[k], bcast4(a, k));
+                        hi = _mm512_dpbusd_epi32(hi, w[k + 4], bcast4(a, k + 4));
+                    }
+                    let s = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo, sc_lo),
+                        _mm512_mullo_epi32(hi, sc_hi),
+                    );
+                    *tot = _mm512_add_epi32(*tot, s);
+                }
+            }
+            let dw = ld2_f16x8(p0, p1);
+            for m in 0..N {
+                let a = &*acts.add(m * nb + b);
+                let mut corr = _mm512_setzero_si512();
+                for (t, sc) in sc.iter().enumerate() {
+                    corr = _mm512_dpwssd_epi32(corr, *sc, _mm512_set1_epi32(bsum_pair(a, t)));
+                }
+                let tot = _mm512_sub_epi32(tot[m], _mm512_slli_epi32::<5>(corr));
+                acc[m] = _mm512_fmadd_ps(
+                    _mm512_mul_ps(dw, _mm512_set1_ps(a.d)),
+                    _mm512_cvtepi32_ps(tot),
+                    acc[m],
+                );
+            }
+        }
+    }
+    store(&acc, out);
+}
+
+/// As `interleave_x86::top2` on 512-bit registers: the top two bits of vector `t` at
+/// bits 4 and 5.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn top2(qh: __m512i, t: usize, m30: __m512i) -> __m512i {
+    let v = match t {
+        0 => _mm512_slli_epi16::<4>(qh),
+        1 => _mm512_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm512_srli_epi16::<2>(qh),
+    };
+    _mm512_and_si512(v, m30)
 }

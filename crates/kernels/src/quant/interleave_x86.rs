@@ -8,7 +8,7 @@
 //! are at most 15 and activations at most 127 in magnitude) and one `vpmaddwd`; the VNNI
 //! family with `vpdpbusd`.
 
-use super::interleave::{check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, R8};
+use super::interleave::{check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R8};
 use super::{BlockQ8, BlockQ8K, GgmlType};
 use std::arch::x86_64::*;
 
@@ -36,20 +36,26 @@ pub(super) unsafe fn kernel_vnni(ty: GgmlType) -> R8Fn {
     }
 }
 
-/// The AVX2 Q4_K kernel.
+/// The AVX2 kernel for K-quant `ty` (Q4_K or Q6_K).
 ///
 /// # Safety
 /// As [`kernel`].
-pub(super) unsafe fn kernel_k() -> R8KFn {
-    avx2::r8_q4_k
+pub(super) unsafe fn kernel_k(ty: GgmlType) -> R8KFn {
+    match ty {
+        GgmlType::Q4_K => avx2::r8_q4_k,
+        _ => avx2::r8_q6_k,
+    }
 }
 
-/// The AVX-512 VNNI Q4_K kernel, bit-identical to [`kernel_k`].
+/// The AVX-512 VNNI kernel for K-quant `ty`, bit-identical to [`kernel_k`].
 ///
 /// # Safety
 /// As [`kernel_vnni`].
-pub(super) unsafe fn kernel_k_vnni() -> R8KFn {
-    vnni::r8_q4_k
+pub(super) unsafe fn kernel_k_vnni(ty: GgmlType) -> R8KFn {
+    match ty {
+        GgmlType::Q4_K => vnni::r8_q4_k,
+        _ => vnni::r8_q6_k,
+    }
 }
 
 /// Four activation bytes (columns `4k..4k + 4` of `a`) in every 32-bit lane.
@@ -90,6 +96,72 @@ unsafe fn isum_u4_vnni(w: &[__m256i; 8], a: *const i8) -> __m256i {
         }
         s
     }
+}
+
+/// Q6_K `Σ q·a` per row over columns 0..16 and 16..32 of a sub-block with
+/// `vpmaddubsw`: two products of codes below 64 stay below 2¹⁵ in magnitude, so each
+/// pair of them is added in 16 bits before widening.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn isum_u6_avx2(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
+    // SAFETY: `a` points at a sub-block's 32 quants (the caller's contract).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let pair = |k: usize| {
+            let p0 = _mm256_maddubs_epi16(w[k], bcast4(a, k));
+            let p1 = _mm256_maddubs_epi16(w[k + 1], bcast4(a, k + 1));
+            _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones)
+        };
+        (
+            _mm256_add_epi32(pair(0), pair(2)),
+            _mm256_add_epi32(pair(4), pair(6)),
+        )
+    }
+}
+
+/// Q6_K `Σ q·a` per row over columns 0..16 and 16..32 of a sub-block with `vpdpbusd`.
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn isum_u6_vnni(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
+    // SAFETY: as above.
+    unsafe {
+        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for k in 0..4 {
+            lo = _mm256_dpbusd_epi32(lo, w[k], bcast4(a, k));
+            hi = _mm256_dpbusd_epi32(hi, w[k + 4], bcast4(a, k + 4));
+        }
+        (lo, hi)
+    }
+}
+
+/// `Σ_t sc_pair[t]·bsum_pair[t]` per row (`vpmaddwd`): the scales against the activation
+/// group sums, exact.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn scale_bsums_avx2(sc: &[__m256i; 8], a: &BlockQ8K) -> __m256i {
+    let mut s = _mm256_setzero_si256();
+    for (t, sc) in sc.iter().enumerate() {
+        let b = _mm256_set1_epi32(bsum_pair(a, t));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(*sc, b));
+    }
+    s
+}
+
+/// As [`scale_bsums_avx2`] with `vpdpwssd`.
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+fn scale_bsums_vnni(sc: &[__m256i; 8], a: &BlockQ8K) -> __m256i {
+    let mut s = _mm256_setzero_si256();
+    for (t, sc) in sc.iter().enumerate() {
+        s = _mm256_dpwssd_epi32(s, *sc, _mm256_set1_epi32(bsum_pair(a, t)));
+    }
+    s
+}
+
+/// Activation group sums `2t` (low half) and `2t + 1` (high half) as one `i32`.
+#[inline(always)]
+pub(super) fn bsum_pair(a: &BlockQ8K, t: usize) -> i32 {
+    (a.bsums[2 * t] as u16 as u32 | (a.bsums[2 * t + 1] as u16 as u32) << 16) as i32
 }
 
 /// Q8_0 `Σ u·a` per row (`u` = weight + 128) with `vpdpbusd`; the caller subtracts
@@ -206,7 +278,7 @@ macro_rules! r8k_wrapper {
 }
 
 macro_rules! r8_family {
-    ($feat:literal, $isum_u4:ident, $isum_u8:ident) => {
+    ($feat:literal, $isum_u4:ident, $isum_u8:ident, $isum_u6:ident, $scale_bsums:ident) => {
         /// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation
         /// rows.
         #[target_feature(enable = $feat)]
@@ -358,14 +430,105 @@ macro_rules! r8_family {
         r8_wrapper!(r8_q4_1, GgmlType::Q4_1, q4, true);
         r8_wrapper!(r8_q8_0, GgmlType::Q8_0, q8, false);
 
+        /// Q6_K over `N` activation rows: per sub-block the exact `Σ q·a` of each
+        /// 16-column group times its scale, less `32·Σ_g sc_g·Σa_g` per super-block, then
+        /// one FMA.
+        #[target_feature(enable = $feat)]
+        unsafe fn q6k<const N: usize>(
+            g: *const u8,
+            nb: usize,
+            acts: *const BlockQ8K,
+            out: &mut [[f32; R8]; 4],
+        ) {
+            let m4 = _mm256_set1_epi8(0x0f);
+            let m30 = _mm256_set1_epi8(0x30);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
+                // activation blocks are readable.
+                unsafe {
+                    let p = g.add(b * Q6K_GROUP_BLOCK);
+                    let mut sc = [_mm256_setzero_si256(); 8];
+                    for (t, sc) in sc.iter_mut().enumerate() {
+                        *sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16 + 16 * t).cast()));
+                    }
+                    let mut tot = [_mm256_setzero_si256(); N];
+                    for j in 0..8 {
+                        let q = p.add(144 + 192 * j);
+                        let qh = [
+                            _mm256_loadu_si256(q.add(128).cast()),
+                            _mm256_loadu_si256(q.add(160).cast()),
+                        ];
+                        let mut w = [_mm256_setzero_si256(); 8];
+                        for c in 0..4 {
+                            let raw = _mm256_loadu_si256(q.add(32 * c).cast());
+                            let lo = _mm256_and_si256(raw, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                            w[c] = _mm256_or_si256(lo, top2(qh[0], c, m30));
+                            w[c + 4] = _mm256_or_si256(hi, top2(qh[1], c, m30));
+                        }
+                        // Scales 2j and 2j + 1 of each row as i32 lanes.
+                        let sc_lo = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(sc[j]));
+                        let sc_hi = _mm256_srai_epi32::<16>(sc[j]);
+                        for (m, tot) in tot.iter_mut().enumerate() {
+                            let a = &*acts.add(m * nb + b);
+                            let (lo, hi) = $isum_u6(&w, a.qs.as_ptr().add(32 * j));
+                            let s = _mm256_add_epi32(
+                                _mm256_mullo_epi32(lo, sc_lo),
+                                _mm256_mullo_epi32(hi, sc_hi),
+                            );
+                            *tot = _mm256_add_epi32(*tot, s);
+                        }
+                    }
+                    let dw = ld_f16x8(p);
+                    for m in 0..N {
+                        let a = &*acts.add(m * nb + b);
+                        let corr = _mm256_slli_epi32::<5>($scale_bsums(&sc, a));
+                        let tot = _mm256_sub_epi32(tot[m], corr);
+                        acc[m] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(dw, _mm256_set1_ps(a.d)),
+                            _mm256_cvtepi32_ps(tot),
+                            acc[m],
+                        );
+                    }
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds eight f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+            }
+        }
+
         r8k_wrapper!(r8_q4_k, GgmlType::Q4_K, q4k);
+        r8k_wrapper!(r8_q6_k, GgmlType::Q6_K, q6k);
     };
+}
+
+/// The top two bits of vector `t` of a Q6_K top-bit chunk `qh` (bits `2t..2t + 2` of
+/// each byte), moved to bits 4 and 5. Sixteen-bit shifts are enough: the mask drops
+/// what crosses a byte boundary.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn top2(qh: __m256i, t: usize, m30: __m256i) -> __m256i {
+    let v = match t {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm256_srli_epi16::<2>(qh),
+    };
+    _mm256_and_si256(v, m30)
 }
 
 /// The AVX2 family.
 mod avx2 {
     use super::*;
-    r8_family!("avx2,fma,f16c", isum_u4_avx2, isum_u8_avx2);
+    r8_family!(
+        "avx2,fma,f16c",
+        isum_u4_avx2,
+        isum_u8_avx2,
+        isum_u6_avx2,
+        scale_bsums_avx2
+    );
 }
 
 /// The AVX-512 VNNI family (256-bit `vpdpbusd`, which needs AVX512VL).
@@ -374,6 +537,8 @@ mod vnni {
     r8_family!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         isum_u4_vnni,
-        isum_u8_vnni
+        isum_u8_vnni,
+        isum_u6_vnni,
+        scale_bsums_vnni
     );
 }
