@@ -304,13 +304,15 @@ unsafe fn q4k<const N: usize>(
                     }
                 }
             }
-            for j in 0..8 {
-                let mj = sc16(p0.add(96 + 8 * j), p1.add(96 + 8 * j));
-                for (m, ms) in msum.iter_mut().enumerate() {
-                    let a = &*acts.add(m * nb + b);
-                    let bsum = a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
-                    *ms = _mm512_add_epi32(*ms, _mm512_mullo_epi32(mj, _mm512_set1_epi32(bsum)));
-                }
+            // Each sub-block's min twice, as the i16 pair that meets the activation's two
+            // 16-column sums in one `vpdpwssd`.
+            let mut mins = [_mm512_setzero_si512(); 8];
+            for (j, mj) in mins.iter_mut().enumerate() {
+                let v = sc16(p0.add(96 + 8 * j), p1.add(96 + 8 * j));
+                *mj = _mm512_or_si512(v, _mm512_slli_epi32::<16>(v));
+            }
+            for (m, ms) in msum.iter_mut().enumerate() {
+                *ms = scale_bsums(&mins, &*acts.add(m * nb + b));
             }
             let dw = ld2_f16x8(p0, p1);
             let dmw = ld2_f16x8(p0.add(16), p1.add(16));
@@ -394,10 +396,7 @@ unsafe fn q6k<const N: usize>(
             let dw = ld2_f16x8(p0, p1);
             for m in 0..N {
                 let a = &*acts.add(m * nb + b);
-                let mut corr = _mm512_setzero_si512();
-                for (t, sc) in sc.iter().enumerate() {
-                    corr = _mm512_dpwssd_epi32(corr, *sc, _mm512_set1_epi32(bsum_pair(a, t)));
-                }
+                let corr = scale_bsums(&sc, a);
                 let tot = _mm512_sub_epi32(tot[m], _mm512_slli_epi32::<5>(corr));
                 acc[m] = _mm512_fmadd_ps(
                     _mm512_mul_ps(dw, _mm512_set1_ps(a.d)),
@@ -408,6 +407,18 @@ unsafe fn q6k<const N: usize>(
         }
     }
     store(&acc, out);
+}
+
+/// `Σ_t pair[t]·bsum_pair[t]` per row (`vpdpwssd`), as `interleave_x86`'s
+/// `scale_bsums_vnni`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn scale_bsums(pairs: &[__m512i; 8], a: &BlockQ8K) -> __m512i {
+    let mut s = _mm512_setzero_si512();
+    for (t, p) in pairs.iter().enumerate() {
+        s = _mm512_dpwssd_epi32(s, *p, _mm512_set1_epi32(bsum_pair(a, t)));
+    }
+    s
 }
 
 /// As `interleave_x86::top2` on 512-bit registers: the top two bits of vector `t` at

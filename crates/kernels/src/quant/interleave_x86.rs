@@ -134,8 +134,8 @@ unsafe fn isum_u6_vnni(w: &[__m256i; 8], a: *const i8) -> (__m256i, __m256i) {
     }
 }
 
-/// `Σ_t sc_pair[t]·bsum_pair[t]` per row (`vpmaddwd`): the scales against the activation
-/// group sums, exact.
+/// `Σ_t sc_pair[t]·bsum_pair[t]` per row (`vpmaddwd`): i16 pairs of scales (or mins)
+/// against pairs of the activation's 16-column sums, exact.
 #[target_feature(enable = "avx2")]
 #[inline]
 fn scale_bsums_avx2(sc: &[__m256i; 8], a: &BlockQ8K) -> __m256i {
@@ -392,16 +392,15 @@ macro_rules! r8_family {
                             }
                         }
                     }
-                    for j in 0..8 {
-                        let mj = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(96 + 8 * j).cast()));
-                        for (m, ms) in msum.iter_mut().enumerate() {
-                            let a = &*acts.add(m * nb + b);
-                            let bsum = a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
-                            *ms = _mm256_add_epi32(
-                                *ms,
-                                _mm256_mullo_epi32(mj, _mm256_set1_epi32(bsum)),
-                            );
-                        }
+                    // Each sub-block's min twice, as the i16 pair that meets the
+                    // activation's two 16-column sums in one `vpmaddwd`.
+                    let mut mins = [_mm256_setzero_si256(); 8];
+                    for (j, mj) in mins.iter_mut().enumerate() {
+                        let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(96 + 8 * j).cast()));
+                        *mj = _mm256_or_si256(v, _mm256_slli_epi32::<16>(v));
+                    }
+                    for (m, ms) in msum.iter_mut().enumerate() {
+                        *ms = $scale_bsums(&mins, &*acts.add(m * nb + b));
                     }
                     let dw = ld_f16x8(p);
                     let dmw = ld_f16x8(p.add(16));
