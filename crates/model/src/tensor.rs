@@ -117,19 +117,34 @@ impl Tensor {
         if self.packed.is_some() || self.params.is_some() {
             return false;
         }
-        let Some(p) = Interleaved::repack(self.ty, self.data(), self.rows(), self.cols()) else {
+        // Each stretch of the mapped rows is released as soon as it has been copied, so
+        // the weight is never resident twice.
+        #[cfg(unix)]
+        let mut released = 0;
+        #[cfg(unix)]
+        let release = |done: usize| {
+            let from = std::mem::replace(&mut released, done);
+            if let Storage::Mmap(m) = &*self.storage {
+                // SAFETY: the map is read-only and file-backed, so dropping its pages
+                // loses nothing: the next read of any byte in the range faults the same
+                // bytes back in from the file. No reference into the map is invalidated.
+                let _ = unsafe {
+                    m.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        self.offset + from,
+                        done - from,
+                    )
+                };
+            }
+        };
+        #[cfg(not(unix))]
+        let release = |_: usize| {};
+        let packed =
+            Interleaved::repack_releasing(self.ty, self.data(), self.rows(), self.cols(), release);
+        let Some(p) = packed else {
             return false;
         };
         self.packed = Some(Arc::new(p));
-        #[cfg(unix)]
-        if let Storage::Mmap(m) = &*self.storage {
-            // SAFETY: the map is read-only and file-backed, so dropping its pages loses
-            // nothing: the next read of any byte in the range faults the same bytes back
-            // in from the file. No reference into the map is invalidated.
-            let _ = unsafe {
-                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, self.offset, self.len)
-            };
-        }
         true
     }
 

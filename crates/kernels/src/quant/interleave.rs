@@ -112,49 +112,38 @@ impl Interleaved {
     /// Repacks `rows` GGML rows of `ty` (`data`, `cols` columns each). `None` when `ty`
     /// has no interleaved layout or `rows` is not a multiple of eight.
     pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        Self::repack_releasing(ty, data, rows, cols, |_| {})
+    }
+
+    /// As [`Interleaved::repack`], calling `release(n)` each time the first `n` bytes
+    /// of `data` have been repacked and will not be read again, so that a caller can
+    /// drop their pages while the rest is still being copied: a large weight is then
+    /// never resident twice.
+    pub fn repack_releasing(
+        ty: GgmlType,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+        mut release: impl FnMut(usize),
+    ) -> Option<Self> {
         let gbb = group_block_bytes(ty)?;
         let rb = ty.row_bytes(cols)?;
         if rows == 0 || !rows.is_multiple_of(R8) || data.len() < rows * rb {
             return None;
         }
-        let bb = ty.block_bytes();
         let nb = cols / ty.block_elems();
         let mut out = vec![0u8; rows / R8 * nb * gbb];
-        if ty.block_elems() == 256 {
+        // About a megabyte of source rows at a time.
+        let step = (1 << 20) / (R8 * rb) + 1;
+        let (src_group, out_group) = (R8 * rb, nb * gbb);
+        for (k, o) in out.chunks_mut(step * out_group).enumerate() {
+            let src = &data[k * step * src_group..][..o.len() / out_group * src_group];
             match ty {
-                GgmlType::Q4_K => repack_q4_k(data, nb, &mut out),
-                _ => repack_q6_k(data, nb, &mut out),
+                GgmlType::Q4_K => repack_q4_k(src, nb, o),
+                GgmlType::Q6_K => repack_q6_k(src, nb, o),
+                _ => repack_32(ty, src, nb, o),
             }
-            return Some(Self {
-                ty,
-                rows,
-                cols,
-                data: out,
-            });
-        }
-        let scale_fields = if ty == GgmlType::Q4_1 { 2 } else { 1 };
-        for (g, og) in out.chunks_exact_mut(nb * gbb).enumerate() {
-            for (b, o) in og.chunks_exact_mut(gbb).enumerate() {
-                let src = |r: usize| &data[(g * R8 + r) * rb + b * bb..][..bb];
-                for r in 0..R8 {
-                    let s = src(r);
-                    for f in 0..scale_fields {
-                        o[f * 16 + 2 * r..][..2].copy_from_slice(&s[2 * f..2 * f + 2]);
-                    }
-                    let qs = &s[2 * scale_fields..];
-                    let q = &mut o[16 * scale_fields..];
-                    let (chunks, flip) = if ty == GgmlType::Q8_0 {
-                        (8, 0x80)
-                    } else {
-                        (4, 0)
-                    };
-                    for c in 0..chunks {
-                        for j in 0..4 {
-                            q[32 * c + 4 * r + j] = qs[4 * c + j] ^ flip;
-                        }
-                    }
-                }
-            }
+            release(k * step * src_group + src.len());
         }
         Some(Self {
             ty,
@@ -198,6 +187,38 @@ impl Interleaved {
             }
         }
         row
+    }
+}
+
+/// Repacks rows of a 32-wide type (see the module docs' table).
+fn repack_32(ty: GgmlType, data: &[u8], nb: usize, out: &mut [u8]) {
+    let (bb, gbb) = (
+        ty.block_bytes(),
+        group_block_bytes(ty).expect("interleaved type"),
+    );
+    let rb = nb * bb;
+    let scale_fields = if ty == GgmlType::Q4_1 { 2 } else { 1 };
+    let (chunks, flip) = if ty == GgmlType::Q8_0 {
+        (8, 0x80)
+    } else {
+        (4, 0)
+    };
+    for (g, og) in out.chunks_exact_mut(nb * gbb).enumerate() {
+        for (b, o) in og.chunks_exact_mut(gbb).enumerate() {
+            for r in 0..R8 {
+                let s = &data[(g * R8 + r) * rb + b * bb..][..bb];
+                for f in 0..scale_fields {
+                    o[f * 16 + 2 * r..][..2].copy_from_slice(&s[2 * f..2 * f + 2]);
+                }
+                let qs = &s[2 * scale_fields..];
+                let q = &mut o[16 * scale_fields..];
+                for c in 0..chunks {
+                    for j in 0..4 {
+                        q[32 * c + 4 * r + j] = qs[4 * c + j] ^ flip;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -268,13 +289,18 @@ fn r8k_q4_k_ref(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]
 /// Bytes of one Q6_K group block (8 rows × 256 columns): the GGML blocks' bytes.
 pub const Q6K_GROUP_BLOCK: usize = 1680;
 
-/// The 6-bit code (0 to 63) of element `e` of a GGML Q6_K block.
-fn q6_k_code(blk: &[u8], e: usize) -> u8 {
-    let (n, quarter, l) = (e / 128, e % 128 / 32, e % 32);
-    let ql = blk[64 * n + 32 * (quarter % 2) + l];
-    let low = if quarter < 2 { ql & 15 } else { ql >> 4 };
-    let high = (blk[128 + 32 * n + l] >> (2 * quarter)) & 3;
-    low | high << 4
+/// The 6-bit codes (0 to 63) of a GGML Q6_K block's 256 elements, in column order.
+fn q6_k_codes(blk: &[u8], code: &mut [u8; 256]) {
+    for n in 0..2 {
+        let (ql, qh) = (&blk[64 * n..][..64], &blk[128 + 32 * n..][..32]);
+        let out = &mut code[128 * n..][..128];
+        for l in 0..32 {
+            out[l] = (ql[l] & 15) | (qh[l] & 3) << 4;
+            out[32 + l] = (ql[32 + l] & 15) | (qh[l] >> 2 & 3) << 4;
+            out[64 + l] = (ql[l] >> 4) | (qh[l] >> 4 & 3) << 4;
+            out[96 + l] = (ql[32 + l] >> 4) | (qh[l] >> 6) << 4;
+        }
+    }
 }
 
 /// Repacks Q6_K rows: per group block `d[8]` (f16), the scales as pairs
@@ -285,24 +311,30 @@ fn q6_k_code(blk: &[u8], e: usize) -> u8 {
 /// two bits of column `16h + 4t + jj`), so a column's six bits sit within 192 bytes.
 fn repack_q6_k(data: &[u8], nb: usize, out: &mut [u8]) {
     let rb = nb * 210;
+    let mut code = [0u8; 256];
     for (g, og) in out.chunks_exact_mut(nb * Q6K_GROUP_BLOCK).enumerate() {
         for (b, o) in og.chunks_exact_mut(Q6K_GROUP_BLOCK).enumerate() {
-            o.fill(0);
             for r in 0..R8 {
                 let s = &data[(g * R8 + r) * rb + b * 210..][..210];
+                q6_k_codes(s, &mut code);
                 o[2 * r..2 * r + 2].copy_from_slice(&s[208..210]);
                 for t in 0..8 {
-                    o[16 + 16 * t + 2 * r] = s[192 + 2 * t];
-                    o[16 + 16 * t + 2 * r + 1] = s[192 + 2 * t + 1];
+                    o[16 + 16 * t + 2 * r..][..2].copy_from_slice(&s[192 + 2 * t..][..2]);
                 }
-                for j in 0..8 {
+                for (j, code) in code.chunks_exact(32).enumerate() {
                     let q = &mut o[144 + 192 * j..][..192];
-                    for col in 0..32 {
-                        let code = q6_k_code(s, 32 * j + col);
-                        let (c, hi, jj) = (col % 16 / 4, col >= 16, col % 4);
-                        q[32 * c + 4 * r + jj] |= if hi { (code & 15) << 4 } else { code & 15 };
-                        let (h, t) = (col / 16, col % 16 / 4);
-                        q[128 + 32 * h + 4 * r + jj] |= (code >> 4) << (2 * t);
+                    for c in 0..4 {
+                        for jj in 0..4 {
+                            let (lo, hi) = (code[4 * c + jj], code[16 + 4 * c + jj]);
+                            q[32 * c + 4 * r + jj] = (lo & 15) | (hi & 15) << 4;
+                        }
+                    }
+                    for h in 0..2 {
+                        for jj in 0..4 {
+                            q[128 + 32 * h + 4 * r + jj] = (0..4)
+                                .map(|t| (code[16 * h + 4 * t + jj] >> 4) << (2 * t))
+                                .fold(0, |a, v| a | v);
+                        }
                     }
                 }
             }
