@@ -149,6 +149,45 @@ impl ThreadPool {
     }
 }
 
+/// Fewest rows [`ThreadPool::rows_mut`] splits across threads: below this, waking the
+/// pool costs more than the work (a decode step's few rows stay on the caller).
+pub const PAR_ROWS: usize = 16;
+
+impl ThreadPool {
+    /// Calls `f(i, row)` for every `row_len`-element row `i` of `out`: one contiguous run
+    /// of rows per thread from [`PAR_ROWS`] rows up, all on the caller below. Each row
+    /// is handed to exactly one call, so what `f` computes for a row does not depend on
+    /// the split.
+    pub fn rows_mut<T: Send>(
+        &self,
+        out: &mut [T],
+        row_len: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        assert!(
+            row_len > 0 && out.len().is_multiple_of(row_len),
+            "{} elements do not split into rows of {row_len}",
+            out.len()
+        );
+        let n = out.len() / row_len;
+        if n < PAR_ROWS || self.n_threads == 1 {
+            for (i, row) in out.chunks_exact_mut(row_len).enumerate() {
+                f(i, row);
+            }
+            return;
+        }
+        let p = &SyncPtr(out.as_mut_ptr());
+        self.for_range(n, &|r| {
+            for i in r {
+                // SAFETY: `for_range` hands out disjoint ranges of `0..n`, so row `i` is
+                // borrowed by this call alone, and `out` outlives `run`.
+                let row = unsafe { std::slice::from_raw_parts_mut(p.0.add(i * row_len), row_len) };
+                f(i, row);
+            }
+        });
+    }
+}
+
 /// The `tid`-th of `nt` near-equal contiguous parts of `0..n`.
 pub fn split_range(n: usize, tid: usize, nt: usize) -> std::ops::Range<usize> {
     let base = n / nt;
@@ -254,6 +293,23 @@ mod tests {
             (h & 0xffff, (h >> 16) & 0xffff, h >> 32),
             (1000, 1000, 1000)
         );
+    }
+
+    #[test]
+    fn rows_mut_hands_each_row_to_one_call_with_its_index() {
+        for threads in 1..4 {
+            let pool = ThreadPool::new(threads);
+            for n in [0, 1, PAR_ROWS - 1, PAR_ROWS, 3 * PAR_ROWS + 5] {
+                let mut out = vec![0u32; n * 3];
+                pool.rows_mut(&mut out, 3, &|i, row| {
+                    for v in row.iter_mut() {
+                        *v += i as u32 + 1;
+                    }
+                });
+                let want: Vec<u32> = (0..n).flat_map(|i| [i as u32 + 1; 3]).collect();
+                assert_eq!(out, want, "{threads} threads, {n} rows");
+            }
+        }
     }
 
     #[test]

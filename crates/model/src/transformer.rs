@@ -467,8 +467,10 @@ impl Transformer {
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
         };
+        // Row-wise steps run split by rows across the pool for a prompt's many rows
+        // (`rows_mut`); each row's arithmetic is the same either way.
         // Attention block.
-        ops::rmsnorm(&ws.x, &l.attn_norm, c.rms_eps, ws.xn.reset(n, d));
+        rmsnorm_rows(pool, &ws.x, &l.attn_norm, c.rms_eps, ws.xn.reset(n, d));
         if let Some(f) = capture.as_mut() {
             f(Site::Qkv, &ws.xn.f32);
         }
@@ -501,8 +503,12 @@ impl Transformer {
                 }
             }
         }
-        self.rope.apply(&mut ws.q, c.n_heads, &ws.positions);
-        self.rope.apply(&mut ws.k, c.n_kv_heads, &ws.positions);
+        for (buf, heads) in [(&mut ws.q, c.n_heads), (&mut ws.k, c.n_kv_heads)] {
+            let (rope, positions) = (&self.rope, &ws.positions);
+            pool.rows_mut(buf, heads * c.head_dim, &|i, tok| {
+                rope.apply_token(tok, positions[i])
+            });
+        }
         for (t, &slot) in ws.slots.iter().enumerate() {
             cache.write(
                 li,
@@ -538,10 +544,10 @@ impl Transformer {
             f(Site::AttnOutput, &ws.attn.f32);
         }
         matmul(pool, &mut ws.attn, weight(&l.attn_output), &mut ws.o);
-        ops::add_inplace(&mut ws.x, &ws.o);
+        add_rows(pool, &mut ws.x, &ws.o, d);
 
         // MLP block.
-        ops::rmsnorm(&ws.x, &l.ffn_norm, c.rms_eps, ws.xn.reset(n, d));
+        rmsnorm_rows(pool, &ws.x, &l.ffn_norm, c.rms_eps, ws.xn.reset(n, d));
         if let Some(f) = capture.as_mut() {
             f(Site::GateUp, &ws.xn.f32);
         }
@@ -559,12 +565,15 @@ impl Transformer {
                 },
             ],
         );
-        ops::silu_mul(&ws.gate, &ws.up, ws.h.reset(n, ff));
+        let (gate, up) = (&ws.gate, &ws.up);
+        pool.rows_mut(ws.h.reset(n, ff), ff, &|i, h| {
+            ops::silu_mul(&gate[i * ff..][..ff], &up[i * ff..][..ff], h)
+        });
         if let Some(f) = capture.as_mut() {
             f(Site::Down, &ws.h.f32);
         }
         matmul(pool, &mut ws.h, weight(&l.ffn_down), &mut ws.o);
-        ops::add_inplace(&mut ws.x, &ws.o);
+        add_rows(pool, &mut ws.x, &ws.o, d);
     }
 
     /// The final norm and the LM head over the rows that asked for logits.
@@ -585,4 +594,17 @@ impl Transformer {
         matmul(pool, &mut ws.xn, weight(&self.output), &mut ws.logits);
         &ws.logits[..m * c.vocab_size]
     }
+}
+
+/// `out = rmsnorm(x) * w` row by row, split across the pool for many rows.
+fn rmsnorm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    pool.rows_mut(out, d, &|i, row| {
+        ops::rmsnorm(&x[i * d..][..d], w, eps, row)
+    });
+}
+
+/// `x += o` row by row (the residual), split across the pool for many rows.
+fn add_rows(pool: &ThreadPool, x: &mut [f32], o: &[f32], d: usize) {
+    pool.rows_mut(x, d, &|i, row| ops::add_inplace(row, &o[i * d..][..d]));
 }

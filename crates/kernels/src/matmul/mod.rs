@@ -181,10 +181,12 @@ impl Activations {
     }
 
     /// Makes the quantized copy that kernel `k` consumes, if not made yet.
-    fn quantize_for(&mut self, k: &Kernel) {
+    fn quantize_for(&mut self, k: &Kernel, pool: &ThreadPool) {
         match k {
-            Kernel::Dot(DotKernel::Q8(_) | DotKernel::U4(_)) | Kernel::R8(..) => self.ensure_q8(),
-            Kernel::Dot(DotKernel::Q8K(_)) | Kernel::R8K(..) => self.ensure_q8k(),
+            Kernel::Dot(DotKernel::Q8(_) | DotKernel::U4(_)) | Kernel::R8(..) => {
+                self.ensure_q8(pool)
+            }
+            Kernel::Dot(DotKernel::Q8K(_)) | Kernel::R8K(..) => self.ensure_q8k(pool),
             Kernel::Dot(DotKernel::F32(_)) => {}
             Kernel::I8Tok(_) => self.ensure_tok(),
         }
@@ -211,7 +213,7 @@ impl Activations {
         self.tok_valid = true;
     }
 
-    fn ensure_q8(&mut self) {
+    fn ensure_q8(&mut self, pool: &ThreadPool) {
         if self.q8_valid {
             return;
         }
@@ -227,12 +229,10 @@ impl Activations {
         } else {
             &self.f32
         };
-        for (x, q) in src
-            .chunks_exact(self.cols)
-            .zip(self.q8.chunks_exact_mut(nb))
-        {
-            quantize_row_q8(x, q);
-        }
+        let cols = self.cols;
+        pool.rows_mut(&mut self.q8[..self.n_rows * nb], nb, &|i, q| {
+            quantize_row_q8(&src[i * cols..][..cols], q)
+        });
         let groups = self.n_rows / 4;
         self.q8_scales.resize(groups * nb, ActScales4::default());
         for (q, s) in self
@@ -249,7 +249,7 @@ impl Activations {
         self.q8_valid = true;
     }
 
-    fn ensure_q8k(&mut self) {
+    fn ensure_q8k(&mut self, pool: &ThreadPool) {
         if self.q8k_valid {
             return;
         }
@@ -265,12 +265,10 @@ impl Activations {
         } else {
             &self.f32
         };
-        for (x, q) in src
-            .chunks_exact(self.cols)
-            .zip(self.q8k.chunks_exact_mut(nb))
-        {
-            quantize_row_q8k(x, q);
-        }
+        let cols = self.cols;
+        pool.rows_mut(&mut self.q8k[..self.n_rows * nb], nb, &|i, q| {
+            quantize_row_q8k(&src[i * cols..][..cols], q)
+        });
         self.q8k_valid = true;
     }
 }
@@ -338,7 +336,7 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                 "interleaved copy of another weight"
             );
         }
-        x.quantize_for(&kernel_for(&j.w));
+        x.quantize_for(&kernel_for(&j.w), pool);
     }
     let x = &*x;
     // Tiles of all jobs laid end to end; each thread takes a contiguous share of tiles,

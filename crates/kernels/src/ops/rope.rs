@@ -63,32 +63,57 @@ impl RopeTable {
     /// values as llama.cpp's.
     /// Positions must be covered by `ensure`.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, positions: &[usize]) {
+        assert_eq!(x.len(), positions.len() * n_heads * self.head_dim);
+        for (tok, &pos) in x.chunks_exact_mut(n_heads * self.head_dim).zip(positions) {
+            self.apply_token(tok, pos);
+        }
+    }
+
+    /// Rotates one token's heads (`tok`: whole heads, one after another) to position
+    /// `pos`.
+    pub fn apply_token(&self, tok: &mut [f32], pos: usize) {
+        assert!(
+            pos < self.n_positions(),
+            "rope table not extended to position {pos}"
+        );
+        assert!(tok.len().is_multiple_of(self.head_dim), "partial head");
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
+            // SAFETY: the AVX2 level is only chosen on CPUs with FMA.
+            return unsafe { self.rotate_fma(tok, pos) };
+        }
+        self.rotate(tok, pos)
+    }
+
+    /// [`RopeTable::rotate`] with `mul_add` as one instruction instead of a library call
+    /// (an FMA is exactly rounded either way: the same bits).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn rotate_fma(&self, tok: &mut [f32], pos: usize) {
+        self.rotate(tok, pos)
+    }
+
+    #[inline(always)]
+    fn rotate(&self, tok: &mut [f32], pos: usize) {
         let hd = self.head_dim;
         let half = hd / 2;
-        assert_eq!(x.len(), positions.len() * n_heads * hd);
-        for (tok, &pos) in x.chunks_exact_mut(n_heads * hd).zip(positions) {
-            assert!(
-                pos < self.n_positions(),
-                "rope table not extended to position {pos}"
-            );
-            let cs = &self.table[pos * hd..(pos + 1) * hd];
-            let (cos, sin) = cs.split_at(half);
-            for head in tok.chunks_exact_mut(hd) {
-                match self.style {
-                    RopeStyle::Interleaved => {
-                        for i in 0..half {
-                            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                            head[2 * i] = x0.mul_add(cos[i], -(x1 * sin[i]));
-                            head[2 * i + 1] = x0.mul_add(sin[i], x1 * cos[i]);
-                        }
+        let cs = &self.table[pos * hd..(pos + 1) * hd];
+        let (cos, sin) = cs.split_at(half);
+        for head in tok.chunks_exact_mut(hd) {
+            match self.style {
+                RopeStyle::Interleaved => {
+                    for i in 0..half {
+                        let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                        head[2 * i + 1] = x0.mul_add(sin[i], x1 * cos[i]);
                     }
-                    RopeStyle::Neox => {
-                        let (a, b) = head.split_at_mut(half);
-                        for i in 0..half {
-                            let (x0, x1) = (a[i], b[i]);
-                            a[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
-                            b[i] = x0.mul_add(sin[i], x1 * cos[i]);
-                        }
+                }
+                RopeStyle::Neox => {
+                    let (a, b) = head.split_at_mut(half);
+                    for i in 0..half {
+                        let (x0, x1) = (a[i], b[i]);
+                        a[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                        b[i] = x0.mul_add(sin[i], x1 * cos[i]);
                     }
                 }
             }
