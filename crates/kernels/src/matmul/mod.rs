@@ -6,7 +6,8 @@
 //! register-tiled kernel exists (the 32-wide formats on AVX2), full groups of four
 //! activation rows go through it two weight rows at a time; it gives each pair the
 //! bits of the per-pair kernel, which handles the rows left over. Weights repacked at
-//! load (`quant::interleave`) go through their own kernels eight rows at a time.
+//! load (`quant::interleave`) go through their own kernels eight rows at a time, or on
+//! AVX-512 sixteen rows against up to eight activation rows (the same bits).
 //!
 //! Architecture invariant: the value of `out[i][r]` never depends on how the work was
 //! split between threads, and for every weight format it depends only on activation
