@@ -278,7 +278,6 @@ unsafe fn q4k<const N: usize>(
         unsafe {
             let (p0, p1) = (g0.add(b * Q4K_GROUP_BLOCK), g1.add(b * Q4K_GROUP_BLOCK));
             let mut tot = [_mm512_setzero_si512(); N];
-            let mut msum = [_mm512_setzero_si512(); N];
             for pair in 0..4 {
                 let (q0, q1) = (p0.add(160 + 256 * pair), p1.add(160 + 256 * pair));
                 let mut raw = [_mm512_setzero_si512(); 8];
@@ -311,6 +310,7 @@ unsafe fn q4k<const N: usize>(
                 let v = sc16(p0.add(96 + 8 * j), p1.add(96 + 8 * j));
                 *mj = _mm512_or_si512(v, _mm512_slli_epi32::<16>(v));
             }
+            let mut msum = [_mm512_setzero_si512(); N];
             for (m, ms) in msum.iter_mut().enumerate() {
                 *ms = scale_bsums(&mins, &*acts.add(m * nb + b));
             }

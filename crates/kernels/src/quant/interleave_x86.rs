@@ -368,7 +368,6 @@ macro_rules! r8_family {
                 unsafe {
                     let p = g.add(b * Q4K_GROUP_BLOCK);
                     let mut tot = [_mm256_setzero_si256(); N];
-                    let mut msum = [_mm256_setzero_si256(); N];
                     for pair in 0..4 {
                         let q = p.add(160 + 256 * pair);
                         for hi in 0..2 {
@@ -399,6 +398,7 @@ macro_rules! r8_family {
                         let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(96 + 8 * j).cast()));
                         *mj = _mm256_or_si256(v, _mm256_slli_epi32::<16>(v));
                     }
+                    let mut msum = [_mm256_setzero_si256(); N];
                     for (m, ms) in msum.iter_mut().enumerate() {
                         *ms = $scale_bsums(&mins, &*acts.add(m * nb + b));
                     }
