@@ -290,7 +290,7 @@ fn bench_matmul_int4(c: &mut Criterion) {
 
 /// One layer's attention for a decode step of 16 sequences with 256 cached positions
 /// each, smollm2-135m's heads (9 query, 3 key/value, 64 wide), one thread; and the same
-/// for a 128-token prompt (the prompt-order summation).
+/// for a 128- and a 512-token prompt (the prompt-order summation).
 fn bench_attention(c: &mut Criterion) {
     use half::f16;
     use pagellm_kernels::ops::attention::{attention, AttnSeq, AttnShape, ContiguousKv};
@@ -306,6 +306,7 @@ fn bench_attention(c: &mut Criterion) {
     for (name, n_seqs, ctx, n_tokens) in [
         ("decode/16x256", 16, 256, 1),
         ("prefill/1x128", 1, 128, 128),
+        ("prefill/1x512", 1, 512, 512),
     ] {
         let kv_len = ctx * shape.n_kv_heads * shape.head_dim;
         let k: Vec<f16> = (0..kv_len)

@@ -147,10 +147,11 @@ fn run_attention<V: KvView>(
         let mut kf = Vec::new();
         let mut vf = Vec::new();
         let mut scores = Vec::new();
-        let mut lanes = Vec::new();
-        let mut lanes2 = Vec::new();
+        let mut lanes: Vec<Vec<f32>> = Vec::new();
         let mut probs: Vec<Vec<f32>> = Vec::new();
-        let mut q16 = vec![0f32; head_dim];
+        let mut q16 = Vec::new();
+        let mut q1 = vec![0f32; head_dim];
+        let mut lanes1 = Vec::new();
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Some((si, kvh, toks)) = tasks.get(i) else {
@@ -173,48 +174,71 @@ fn run_attention<V: KvView>(
                     let decode = pos >= s.decode_from;
                     let h0 = kvh * group;
                     // Every head's probabilities first, then the weighted sums of the
-                    // values two heads at a time, so each value row read serves both.
+                    // values three (or two) heads at a time, so each value row read
+                    // serves all of them.
+                    let item0 = (s.token0 + t) * n_heads + h0;
+                    q16.clear();
+                    q16.extend_from_slice(&q[item0 * head_dim..(item0 + group) * head_dim]);
+                    super::round_to_f16(&mut q16);
                     probs.resize_with(group, Vec::new);
-                    for (g, p) in probs.iter_mut().enumerate() {
-                        let item = (s.token0 + t) * n_heads + h0 + g;
-                        q16.copy_from_slice(&q[item * head_dim..(item + 1) * head_dim]);
-                        super::round_to_f16(&mut q16);
+                    lanes.resize_with(group, Vec::new);
+                    for p in probs.iter_mut() {
                         p.resize(n, 0.0);
-                        // SAFETY: AVX2/FMA checked; `kf` holds `ctx >= n` rows.
+                    }
+                    // A prompt's keys are shared by the group's heads where the CPU has
+                    // the registers for it (same bits as one head at a time).
+                    let wide =
+                        !decode && crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx512Vnni;
+                    let kn = &kf[..n * head_dim];
+                    let mut g = 0;
+                    while g < group {
+                        let qg = |w: usize| &q16[g * head_dim..(g + w) * head_dim];
+                        // SAFETY: AVX2/FMA (and AVX-512 F/VL where `wide`) checked;
+                        // `kn` holds n rows; `probs` rows hold n values.
                         unsafe {
-                            probs_avx2(&q16, &kf[..n * head_dim], scale, &mut p[..n], decode)
-                        };
+                            if wide && group - g >= 3 {
+                                x86::scores_heads::<3>(qg(3), kn, scale, n, &mut probs[g..]);
+                                g += 3;
+                            } else if wide && group - g == 2 {
+                                x86::scores_heads::<2>(qg(2), kn, scale, n, &mut probs[g..]);
+                                g += 2;
+                            } else {
+                                scores_avx2(qg(1), kn, scale, &mut probs[g][..n], decode);
+                                g += 1;
+                            }
+                        }
+                    }
+                    for p in probs.iter_mut() {
+                        // SAFETY: AVX2/FMA/F16C checked (the `Avx2` level).
+                        unsafe { super::avx2::softmax_f16_ggml(&mut p[..n]) };
                     }
                     // SAFETY: each (token, head) slice of `out` belongs to exactly one task.
                     let out_of = |g: usize| unsafe {
-                        let item = (s.token0 + t) * n_heads + h0 + g;
-                        std::slice::from_raw_parts_mut(outp.get().add(item * head_dim), head_dim)
+                        std::slice::from_raw_parts_mut(
+                            outp.get().add((item0 + g) * head_dim),
+                            head_dim,
+                        )
                     };
                     let vn = &vf[..n * head_dim];
                     let mut g = 0;
                     while g < group {
+                        let (ps, accs) = (&probs[g..], &mut lanes[g..]);
                         // SAFETY: AVX2/FMA checked; `vn` holds n rows, outputs head_dim.
                         unsafe {
-                            if g + 1 < group {
-                                let (pa, pb) = (&probs[g][..n], &probs[g + 1][..n]);
-                                let (oa, ob) = (out_of(g), out_of(g + 1));
-                                x86::weighted_sum_pair_for(
-                                    decode,
-                                    pa,
-                                    pb,
-                                    vn,
-                                    &mut lanes,
-                                    &mut lanes2,
-                                    oa,
-                                    ob,
-                                );
+                            if group - g >= 3 {
+                                let o = [out_of(g), out_of(g + 1), out_of(g + 2)];
+                                x86::weighted_sum_heads_for::<3>(decode, ps, n, vn, accs, o);
+                                g += 3;
+                            } else if group - g == 2 {
+                                let o = [out_of(g), out_of(g + 1)];
+                                x86::weighted_sum_heads_for::<2>(decode, ps, n, vn, accs, o);
                                 g += 2;
                             } else {
                                 x86::weighted_sum_for(
                                     decode,
-                                    &probs[g][..n],
+                                    &ps[0][..n],
                                     vn,
-                                    &mut lanes,
+                                    &mut accs[0],
                                     out_of(g),
                                 );
                                 g += 1;
@@ -242,15 +266,15 @@ fn run_attention<V: KvView>(
                         );
                         continue;
                     }
-                    q16.copy_from_slice(qh);
-                    super::round_to_f16(&mut q16);
+                    q1.copy_from_slice(qh);
+                    super::round_to_f16(&mut q1);
                     attend_one(
-                        &q16,
+                        &q1,
                         &kf[..n * head_dim],
                         &vf[..n * head_dim],
                         scale,
                         &mut scores[..n],
-                        &mut lanes,
+                        &mut lanes1,
                         oh,
                         pos >= s.decode_from,
                     );
@@ -410,6 +434,20 @@ unsafe fn attend_one_avx2(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn probs_avx2(q: &[f32], k: &[f32], scale: f32, scores: &mut [f32], decode: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        scores_avx2(q, k, scale, scores, decode);
+        super::avx2::softmax_f16_ggml(scores);
+    }
+}
+
+/// The scores of [`probs_avx2`], before the softmax: a decode's 32 lanes or a prompt's 8.
+///
+/// # Safety
+/// As for [`probs_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_avx2(q: &[f32], k: &[f32], scale: f32, scores: &mut [f32], decode: bool) {
     assert!(q.len().is_multiple_of(8) && k.len() >= scores.len() * q.len());
     // SAFETY: checked above; AVX2/FMA are the caller's contract.
     unsafe {
@@ -419,8 +457,6 @@ unsafe fn probs_avx2(q: &[f32], k: &[f32], scale: f32, scores: &mut [f32], decod
             x86::scores::<1>(q, k, scale, scores);
         }
     }
-    softmax_ggml(scores);
-    super::round_to_f16(scores);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -585,14 +621,16 @@ mod twin_tests {
     }
 
     proptest! {
-        /// The batched call (probabilities per head, then the values weighted two heads
-        /// at a time) gives every (token, head) exactly what `attend_one` gives it alone,
-        /// for prompt and decode positions and a group with an odd head left over.
+        /// The batched call (a prompt's scores for up to three heads per key load, then
+        /// the values weighted up to three heads at a time) gives every (token, head)
+        /// exactly what `attend_one` gives it alone, for prompt and decode positions and
+        /// every way a group splits into threes, twos and ones.
         #[test]
-        fn grouped_heads_match_one_head_at_a_time(seed in 0u64..1000, pos0 in 0usize..40, n_tokens in 1usize..40, hd in prop::sample::select(vec![8usize, 24, 64, 72]), decode_from in 0usize..80) {
+        fn grouped_heads_match_one_head_at_a_time(seed in 0u64..1000, pos0 in 0usize..40, n_tokens in 1usize..40, hd in prop::sample::select(vec![8usize, 24, 64, 72]), decode_from in 0usize..80, heads in prop::sample::select(vec![(6usize, 2usize), (4, 2), (8, 2), (5, 1), (3, 3)])) {
             use rand::{Rng, SeedableRng};
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let (n_heads, n_kv_heads) = (6, 2);
+            // Groups of 3, 2, 4 (3 + 1), 5 (3 + 2) and 1 query heads per key/value head.
+            let (n_heads, n_kv_heads) = heads;
             let ctx = pos0 + n_tokens;
             let kv16 = |rng: &mut rand::rngs::StdRng| -> Vec<f16> {
                 (0..ctx * n_kv_heads * hd).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect()

@@ -65,6 +65,70 @@ unsafe fn scores8(q: &[f32], k8: *const f32, scale: f32, out: &mut [f32]) {
             }
         }
     }
+    // SAFETY: `out` holds eight values (contract).
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), reduce_rows8(&x, scale)) };
+}
+
+/// [`scores`]`::<1>` of `G` queries (`qs`: `G` rows of `hd`, each already rounded to
+/// f16 precision) against the same keys, into `outs[g][..n]`. Every key chunk loaded
+/// feeds the `G` queries, which is what lets a grouped-query head group share its
+/// keys; each query's lane sums and reductions are [`scores8`]'s, in the same order.
+/// The 8 × `G` accumulators need AVX-512's 32 vector registers.
+///
+/// # Safety
+/// AVX2/FMA/AVX-512 F+VL; `hd` a multiple of 8; `qs.len() == G * hd`; `outs` has at
+/// least `G` rows of at least `n` values; `k` holds `n` rows of `hd`.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+#[allow(clippy::needless_range_loop)] // indices name the register tile's (head, row)
+pub(super) unsafe fn scores_heads<const G: usize>(
+    qs: &[f32],
+    k: &[f32],
+    scale: f32,
+    n: usize,
+    outs: &mut [Vec<f32>],
+) {
+    let hd = qs.len() / G;
+    assert!(hd.is_multiple_of(8) && qs.len() == G * hd && k.len() >= n * hd && outs.len() >= G);
+    assert!(outs[..G].iter().all(|o| o.len() >= n));
+    let n8 = n / 8 * 8;
+    for j0 in (0..n8).step_by(8) {
+        let mut x = [[_mm256_setzero_ps(); 8]; G];
+        for c in 0..hd / 8 {
+            // SAFETY: chunk c of every query and of rows j0..j0 + 8 is in bounds.
+            unsafe {
+                let qc: [__m256; G] =
+                    std::array::from_fn(|g| _mm256_loadu_ps(qs.as_ptr().add(g * hd + 8 * c)));
+                for row in 0..8 {
+                    let kc = _mm256_loadu_ps(k.as_ptr().add((j0 + row) * hd + 8 * c));
+                    for g in 0..G {
+                        x[g][row] = _mm256_fmadd_ps(qc[g], kc, x[g][row]);
+                    }
+                }
+            }
+        }
+        for (x, o) in x.iter().zip(outs.iter_mut()) {
+            // SAFETY: `o` holds at least n >= j0 + 8 values.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(j0), reduce_rows8(x, scale)) };
+        }
+    }
+    for (g, o) in outs[..G].iter_mut().enumerate() {
+        // SAFETY: rows n8..n of `k`; AVX2/FMA as above.
+        unsafe {
+            scores::<1>(
+                &qs[g * hd..(g + 1) * hd],
+                &k[n8 * hd..n * hd],
+                scale,
+                &mut o[n8..n],
+            )
+        };
+    }
+}
+
+/// `reduce8` of each of eight rows' lanes, times `scale`, as one register of eight
+/// results.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn reduce_rows8(x: &[__m256; 8], scale: f32) -> __m256 {
     // t = low half + high half of each row, two rows per register: [tA | tB].
     let t = |a: __m256, b: __m256| {
         _mm256_add_ps(
@@ -86,9 +150,7 @@ unsafe fn scores8(q: &[f32], k8: *const f32, scale: f32, out: &mut [f32]) {
     let r = _mm256_hadd_ps(u, v);
     // [A C E G | B D F H] -> [A B C D E F G H].
     let r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    let r = _mm256_mul_ps(r, _mm256_set1_ps(scale));
-    // SAFETY: `out` holds eight values (contract).
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), r) };
+    _mm256_mul_ps(r, _mm256_set1_ps(scale))
 }
 
 /// `reduce32` (R = 4) or `reduce8` (R = 1) of the lanes in `acc`.
@@ -191,108 +253,103 @@ pub(super) unsafe fn weighted_sum_for(
     }
 }
 
-/// [`weighted_sum_pair`] with a decode's 32 lanes or a prompt's 8.
+/// [`weighted_sum_heads`] with a decode's 32 lanes or a prompt's 8.
 ///
 /// # Safety
-/// As for [`weighted_sum_pair`].
+/// As for [`weighted_sum_heads`].
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn weighted_sum_pair_for(
+pub(super) unsafe fn weighted_sum_heads_for<const H: usize>(
     decode: bool,
-    pa: &[f32],
-    pb: &[f32],
+    ps: &[Vec<f32>],
+    n: usize,
     v: &[f32],
-    acc_a: &mut Vec<f32>,
-    acc_b: &mut Vec<f32>,
-    oa: &mut [f32],
-    ob: &mut [f32],
+    accs: &mut [Vec<f32>],
+    outs: [&mut [f32]; H],
 ) {
     // SAFETY: the caller's contract.
     unsafe {
         if decode {
-            weighted_sum_pair::<32>(pa, pb, v, acc_a, acc_b, oa, ob)
+            weighted_sum_heads::<32, H>(ps, n, v, accs, outs)
         } else {
-            weighted_sum_pair::<8>(pa, pb, v, acc_a, acc_b, oa, ob)
+            weighted_sum_heads::<8, H>(ps, n, v, accs, outs)
         }
     }
 }
 
-/// [`weighted_sum`] of two probability rows `pa` and `pb` over the same values:
-/// each value register loaded once feeds both, and each output gets exactly the
+/// [`weighted_sum`] of `H` probability rows (`ps[h][..n]`) over the same values: each
+/// value register loaded once feeds all of them, and each output gets exactly the
 /// operations [`weighted_sum`] would give it alone.
 ///
 /// # Safety
-/// As for [`weighted_sum`], for both rows; `pa.len() == pb.len()`.
+/// As for [`weighted_sum`], for every row; `ps` and `accs` have at least `H` rows, the
+/// rows of `ps` at least `n` values; the outputs are `hd` long.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn weighted_sum_pair<const L: usize>(
-    pa: &[f32],
-    pb: &[f32],
+unsafe fn weighted_sum_heads<const L: usize, const H: usize>(
+    ps: &[Vec<f32>],
+    n: usize,
     v: &[f32],
-    acc_a: &mut Vec<f32>,
-    acc_b: &mut Vec<f32>,
-    oa: &mut [f32],
-    ob: &mut [f32],
+    accs: &mut [Vec<f32>],
+    outs: [&mut [f32]; H],
 ) {
-    let hd = oa.len();
-    assert!(pa.len() == pb.len() && ob.len() == hd && v.len() >= pa.len() * hd);
-    acc_a.resize(L * hd, 0.0);
-    acc_b.resize(L * hd, 0.0);
+    let hd = outs[0].len();
+    assert!(ps.len() >= H && accs.len() >= H && v.len() >= n * hd);
+    assert!(ps[..H].iter().all(|p| p.len() >= n) && outs.iter().all(|o| o.len() == hd));
+    let p: [&[f32]; H] = std::array::from_fn(|h| &ps[h][..n]);
+    for acc in &mut accs[..H] {
+        acc.resize(L * hd, 0.0);
+    }
     let mut d0 = 0;
-    // SAFETY: columns d0.. of the rows of `v`, `acc_a` and `acc_b` are in bounds.
+    // SAFETY: columns d0.. of the rows of `v` and of every accumulator are in bounds.
     unsafe {
         while d0 + 32 <= hd {
-            lane_sums_pair::<L, 4>(pa, pb, v, hd, d0, acc_a, acc_b);
+            lane_sums_heads::<L, 4, H>(&p, v, hd, d0, accs);
             d0 += 32;
         }
         while d0 < hd {
-            lane_sums_pair::<L, 1>(pa, pb, v, hd, d0, acc_a, acc_b);
+            lane_sums_heads::<L, 1, H>(&p, v, hd, d0, accs);
             d0 += 8;
         }
-        reduce_lanes::<L>(acc_a, oa);
-        reduce_lanes::<L>(acc_b, ob);
+        for (acc, o) in accs.iter().zip(outs) {
+            reduce_lanes::<L>(acc, o);
+        }
     }
 }
 
-/// [`lane_sums`] for two probability rows at once.
+/// [`lane_sums`] for `H` probability rows at once.
 ///
 /// # Safety
-/// As for [`lane_sums`].
+/// As for [`lane_sums`], for every row; `accs` has `H` rows of `L * hd`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn lane_sums_pair<const L: usize, const M: usize>(
-    pa: &[f32],
-    pb: &[f32],
+#[allow(clippy::needless_range_loop)] // indices name the register tile's (head, chunk)
+unsafe fn lane_sums_heads<const L: usize, const M: usize, const H: usize>(
+    p: &[&[f32]; H],
     v: &[f32],
     hd: usize,
     d0: usize,
-    acc_a: &mut [f32],
-    acc_b: &mut [f32],
+    accs: &mut [Vec<f32>],
 ) {
+    let n = p[0].len();
     for l in 0..L {
-        let mut a = [_mm256_setzero_ps(); M];
-        let mut b = [_mm256_setzero_ps(); M];
-        for j in (l..pa.len()).step_by(L) {
+        let mut a = [[_mm256_setzero_ps(); M]; H];
+        for j in (l..n).step_by(L) {
             // SAFETY: row j of `v`, columns d0..d0 + 8M, by the contract.
             unsafe {
-                let (wa, wb) = (
-                    _mm256_set1_ps(*pa.get_unchecked(j)),
-                    _mm256_set1_ps(*pb.get_unchecked(j)),
-                );
+                let w: [__m256; H] =
+                    std::array::from_fn(|h| _mm256_set1_ps(*p[h].get_unchecked(j)));
                 let vj = v.as_ptr().add(j * hd + d0);
                 for m in 0..M {
                     let x = _mm256_loadu_ps(vj.add(8 * m));
-                    a[m] = _mm256_fmadd_ps(x, wa, a[m]);
-                    b[m] = _mm256_fmadd_ps(x, wb, b[m]);
+                    for h in 0..H {
+                        a[h][m] = _mm256_fmadd_ps(x, w[h], a[h][m]);
+                    }
                 }
             }
         }
-        for m in 0..M {
-            // SAFETY: row l of each accumulator has hd columns.
-            unsafe {
-                _mm256_storeu_ps(acc_a.as_mut_ptr().add(l * hd + d0 + 8 * m), a[m]);
-                _mm256_storeu_ps(acc_b.as_mut_ptr().add(l * hd + d0 + 8 * m), b[m]);
+        for (acc, a) in accs.iter_mut().zip(&a) {
+            for (m, a) in a.iter().enumerate() {
+                // SAFETY: row l of each accumulator has hd columns.
+                unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(l * hd + d0 + 8 * m), *a) };
             }
         }
     }

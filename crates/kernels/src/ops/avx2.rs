@@ -240,3 +240,57 @@ pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         i += 1;
     }
 }
+
+/// `softmax_ggml` (the parent's attention softmax) followed by rounding to f16
+/// precision, in one function: the same max, the same `exp256` per chunk of eight
+/// (missing lanes of the last chunk at -inf), the same per-chunk sums added to an f64
+/// total, the same scaling by the f32 rounding of `1/total` and the same rounding to
+/// nearest f16; only the calls and copies between the steps are gone.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn softmax_f16_ggml(x: &mut [f32]) {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    let n8 = n / 8 * 8;
+    // f32::max ignores NaN, as `maxps` does when the NaN is its first operand.
+    let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+    for i in (0..n8).step_by(8) {
+        vmax = _mm256_max_ps(_mm256_loadu_ps(p.add(i)), vmax);
+    }
+    let mut max = f32::NEG_INFINITY;
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), vmax);
+    for &v in lanes.iter().chain(&x[n8..]) {
+        max = max.max(v);
+    }
+    let vm = _mm256_set1_ps(max);
+    let chunk_sum = |e: __m256| {
+        let t = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps::<1>(e));
+        let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u))) as f64
+    };
+    let mut sum = 0f64;
+    for i in (0..n8).step_by(8) {
+        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vm));
+        _mm256_storeu_ps(p.add(i), e);
+        sum += chunk_sum(e);
+    }
+    if n8 < n {
+        lanes = [f32::NEG_INFINITY; 8];
+        lanes[..n - n8].copy_from_slice(&x[n8..]);
+        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), vm));
+        _mm256_storeu_ps(lanes.as_mut_ptr(), e);
+        x[n8..].copy_from_slice(&lanes[..n - n8]);
+        sum += chunk_sum(e);
+    }
+    let inv = (1.0 / sum) as f32;
+    let vi = _mm256_set1_ps(inv);
+    let p = x.as_mut_ptr();
+    for i in (0..n8).step_by(8) {
+        let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), vi);
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        _mm256_storeu_ps(p.add(i), _mm256_cvtph_ps(h));
+    }
+    for v in &mut x[n8..] {
+        *v = half::f16::from_f32(*v * inv).to_f32();
+    }
+}
