@@ -13,8 +13,8 @@ use pagellm_kernels::matmul::{matmul, Activations, WeightRef};
 use pagellm_kernels::pool::ThreadPool;
 use pagellm_kernels::quant::blocks::scales_mins_k4;
 use pagellm_kernels::quant::interleave::{
-    block_isums, r16_kernel_at, r16k_kernel_at, r8_kernel_at, r8k_kernel_at, Interleaved, ACT_ROWS,
-    R16, R8,
+    block_isums, block_sub_sums, r16_kernel_at, r16k_kernel_at, r8_kernel_at, r8k_kernel_at,
+    Interleaved, SubSums, ACT_ROWS, R16, R8,
 };
 use pagellm_kernels::quant::{
     dequantize_row, quantize_row_q8_ref, quantize_row_q8k_ref, BlockQ8, BlockQ8K, GgmlType,
@@ -211,7 +211,9 @@ proptest! {
             let mut got = [[f32::NAN; R16]; ACT_ROWS];
             if c.ty.block_elems() == 256 {
                 let Some(f) = r16k_kernel_at(level, c.ty) else { continue };
-                f(p.group(0), p.group(1), &qk, n, &mut got);
+                let mut sums = vec![SubSums::default(); qk.len()];
+                block_sub_sums(&qk, &mut sums);
+                f(p.group(0), p.group(1), &qk, &sums, n, &mut got);
             } else {
                 let Some(f) = r16_kernel_at(level, c.ty) else { continue };
                 f(p.group(0), p.group(1), &q, &s, n, &mut got);

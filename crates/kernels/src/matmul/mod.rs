@@ -18,8 +18,8 @@ use crate::cpu::Numerics;
 use crate::ops;
 use crate::pool::{SyncPtr, ThreadPool};
 use crate::quant::interleave::{
-    block_isums, r16_kernel, r16k_kernel, r8_kernel, r8k_kernel, Interleaved, R16Fn, R16KFn, R8Fn,
-    R8KFn, ACT_ROWS, R16, R8,
+    block_isums, block_sub_sums, r16_kernel, r16k_kernel, r8_kernel, r8k_kernel, Interleaved,
+    R16Fn, R16KFn, R8Fn, R8KFn, SubSums, ACT_ROWS, R16, R8,
 };
 use crate::quant::wq::{quantize_row_i8_tok, u4_act_sums};
 use crate::quant::{
@@ -105,6 +105,8 @@ pub struct Activations {
     q8_isums: Vec<i32>,
     q8_valid: bool,
     q8k: Vec<BlockQ8K>,
+    /// The sub-block sums of each `q8k` block, for the two-group K-quant kernels.
+    q8k_sums: Vec<SubSums>,
     q8k_valid: bool,
     /// Per-token `i8` rows and their scales, for W8A8 weights.
     tok: Vec<i8>,
@@ -130,6 +132,7 @@ impl Activations {
             q8_isums: Vec::new(),
             q8_valid: false,
             q8k: Vec::new(),
+            q8k_sums: Vec::new(),
             q8k_valid: false,
             tok: Vec::new(),
             tok_scales: Vec::new(),
@@ -270,6 +273,8 @@ impl Activations {
         pool.rows_mut(&mut self.q8k[..self.n_rows * nb], nb, &|i, q| {
             quantize_row_q8k(&src[i * cols..][..cols], q)
         });
+        self.q8k_sums.resize(self.q8k.len(), SubSums::default());
+        block_sub_sums(&self.q8k, &mut self.q8k_sums);
         self.q8k_valid = true;
     }
 }
@@ -398,7 +403,8 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                     let acts = |i0: usize, na: usize| &x.q8k[i0 * cb..(i0 + na) * cb];
                     match f2.filter(|_| two_groups(r1 - r0, x.n_rows)) {
                         Some(f2) => r16_tile(p, x.n_rows, r0, out, stride, |g0, g1, i0, na, o| {
-                            f2(g0, g1, acts(i0, na), na, o)
+                            let s = &x.q8k_sums[i0 * cb..(i0 + na) * cb];
+                            f2(g0, g1, acts(i0, na), s, na, o)
                         }),
                         None => r8_tile(p, x.n_rows, r0, r1, out, stride, |g, i0, na, o| {
                             f(g, acts(i0, na), na, o)

@@ -91,9 +91,32 @@ pub type R16Fn = fn(
     out: &mut [[f32; R16]; ACT_ROWS],
 );
 
-/// As [`R16Fn`] for the K-quants' interleaved groups.
-pub type R16KFn =
-    fn(g0: &[u8], g1: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R16]; ACT_ROWS]);
+/// As [`R16Fn`] for the K-quants' interleaved groups; `sums` holds each activation
+/// block's [`SubSums`].
+pub type R16KFn = fn(
+    g0: &[u8],
+    g1: &[u8],
+    acts: &[BlockQ8K],
+    sums: &[SubSums],
+    na: usize,
+    out: &mut [[f32; R16]; ACT_ROWS],
+);
+
+/// A [`BlockQ8K`]'s eight 32-column sums (its `bsums` added in pairs), two to a 32-bit
+/// word as i16 (`sums[t]` = sum `2t` in the low half, `2t + 1` in the high half), which
+/// the two-group K-quant kernels meet with the weights' mins in one `vpdpwssd` per two
+/// sub-blocks. Each sum is at most 32 · 128 in magnitude, so an i16 holds it.
+pub type SubSums = [i32; 4];
+
+/// [`SubSums`] of each activation block.
+pub fn block_sub_sums(acts: &[BlockQ8K], out: &mut [SubSums]) {
+    for (a, o) in acts.iter().zip(out.iter_mut()) {
+        let sum = |j: usize| a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
+        for (t, o) in o.iter_mut().enumerate() {
+            *o = (sum(2 * t) as u16 as u32 | (sum(2 * t + 1) as u16 as u32) << 16) as i32;
+        }
+    }
+}
 
 /// Bytes of one group block (8 rows × one block of `ty`: 32 columns, 256 for the
 /// K-quants), for the types that have an interleaved layout.
@@ -414,6 +437,7 @@ pub(super) fn check_r16k(
     g0: &[u8],
     g1: &[u8],
     acts: &[BlockQ8K],
+    sums: &[SubSums],
     na: usize,
 ) -> usize {
     assert_eq!(g0.len(), g1.len(), "groups of different lengths");
@@ -422,7 +446,10 @@ pub(super) fn check_r16k(
         "1 to {ACT_ROWS} activation rows, got {na}"
     );
     let nb = check_r8k(ty, g0, acts, 1);
-    assert!(acts.len() >= na * nb, "activations too short");
+    assert!(
+        acts.len() >= na * nb && sums.len() >= na * nb,
+        "activations too short"
+    );
     nb
 }
 

@@ -10,7 +10,7 @@
 //! the portable twin: the layout and the arithmetic are `interleave`'s.
 
 use super::interleave::{
-    check_r16, check_r16k, R16Fn, R16KFn, ACT_ROWS, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R16,
+    check_r16, check_r16k, R16Fn, R16KFn, SubSums, ACT_ROWS, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R16,
 };
 use super::interleave_x86::bsum_pair;
 use super::{BlockQ8, BlockQ8K, GgmlType};
@@ -234,22 +234,23 @@ macro_rules! r16k_wrapper {
             g0: &[u8],
             g1: &[u8],
             acts: &[BlockQ8K],
+            sums: &[SubSums],
             na: usize,
             out: &mut [[f32; R16]; ACT_ROWS],
         ) {
-            let nb = check_r16k($ty, g0, g1, acts, na);
-            let (p0, p1, a) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr());
+            let nb = check_r16k($ty, g0, g1, acts, sums, na);
+            let (p0, p1, a, s) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr(), sums.as_ptr());
             // SAFETY: as in `r16_wrapper!`.
             unsafe {
                 match na {
-                    1 => $call::<1>(p0, p1, nb, a, out),
-                    2 => $call::<2>(p0, p1, nb, a, out),
-                    3 => $call::<3>(p0, p1, nb, a, out),
-                    4 => $call::<4>(p0, p1, nb, a, out),
-                    5 => $call::<5>(p0, p1, nb, a, out),
-                    6 => $call::<6>(p0, p1, nb, a, out),
-                    7 => $call::<7>(p0, p1, nb, a, out),
-                    _ => $call::<8>(p0, p1, nb, a, out),
+                    1 => $call::<1>(p0, p1, nb, a, s, out),
+                    2 => $call::<2>(p0, p1, nb, a, s, out),
+                    3 => $call::<3>(p0, p1, nb, a, s, out),
+                    4 => $call::<4>(p0, p1, nb, a, s, out),
+                    5 => $call::<5>(p0, p1, nb, a, s, out),
+                    6 => $call::<6>(p0, p1, nb, a, s, out),
+                    7 => $call::<7>(p0, p1, nb, a, s, out),
+                    _ => $call::<8>(p0, p1, nb, a, s, out),
                 }
             }
         }
@@ -268,6 +269,7 @@ unsafe fn q4k<const N: usize>(
     g1: *const u8,
     nb: usize,
     acts: *const BlockQ8K,
+    sums: *const SubSums,
     out: &mut [[f32; R16]; ACT_ROWS],
 ) {
     let m4 = _mm512_set1_epi8(0x0f);
@@ -303,16 +305,20 @@ unsafe fn q4k<const N: usize>(
                     }
                 }
             }
-            // Each sub-block's min twice, as the i16 pair that meets the activation's two
-            // 16-column sums in one `vpdpwssd`.
-            let mut mins = [_mm512_setzero_si512(); 8];
-            for (j, mj) in mins.iter_mut().enumerate() {
-                let v = sc16(p0.add(96 + 8 * j), p1.add(96 + 8 * j));
-                *mj = _mm512_or_si512(v, _mm512_slli_epi32::<16>(v));
+            // The mins of sub-blocks 2t and 2t + 1 as an i16 pair, which meets the
+            // activation's two 32-column sums in one `vpdpwssd`.
+            let mut mins = [_mm512_setzero_si512(); 4];
+            for (t, mt) in mins.iter_mut().enumerate() {
+                let lo = sc16(p0.add(96 + 16 * t), p1.add(96 + 16 * t));
+                let hi = sc16(p0.add(104 + 16 * t), p1.add(104 + 16 * t));
+                *mt = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
             }
             let mut msum = [_mm512_setzero_si512(); N];
             for (m, ms) in msum.iter_mut().enumerate() {
-                *ms = scale_bsums(&mins, &*acts.add(m * nb + b));
+                let s = &*sums.add(m * nb + b);
+                for (t, mt) in mins.iter().enumerate() {
+                    *ms = _mm512_dpwssd_epi32(*ms, *mt, _mm512_set1_epi32(s[t]));
+                }
             }
             let dw = ld2_f16x8(p0, p1);
             let dmw = ld2_f16x8(p0.add(16), p1.add(16));
@@ -349,6 +355,7 @@ unsafe fn q6k<const N: usize>(
     g1: *const u8,
     nb: usize,
     acts: *const BlockQ8K,
+    _sums: *const SubSums,
     out: &mut [[f32; R16]; ACT_ROWS],
 ) {
     let m4 = _mm512_set1_epi8(0x0f);
