@@ -272,7 +272,7 @@ unsafe fn q4k<const N: usize>(
     sums: *const SubSums,
     out: &mut [[f32; R16]; ACT_ROWS],
 ) {
-    let m4 = _mm512_set1_epi8(0x0f);
+    let (m4, m4h) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8));
     let mut acc = [_mm512_setzero_ps(); N];
     for b in 0..nb {
         // SAFETY: the wrapper checked that `nb` group blocks of both groups and `N * nb`
@@ -288,16 +288,17 @@ unsafe fn q4k<const N: usize>(
                 }
                 for hi in 0..2 {
                     let j = 2 * pair + hi;
-                    let mut w = [_mm512_setzero_si512(); 8];
-                    for (w, raw) in w.iter_mut().zip(raw) {
-                        let v = if hi == 1 {
-                            _mm512_srli_epi16::<4>(raw)
-                        } else {
-                            raw
-                        };
-                        *w = _mm512_and_si512(v, m4);
-                    }
+                    // The high nibbles stay in place (16 q), which saves their shift;
+                    // the low sub-block's scale is taken 16 times to match, and the
+                    // total, 16 times the exact integer, is shifted back below.
+                    let mask = if hi == 1 { m4h } else { m4 };
+                    let w = raw.map(|r| _mm512_and_si512(r, mask));
                     let sc = sc16(p0.add(32 + 8 * j), p1.add(32 + 8 * j));
+                    let sc = if hi == 1 {
+                        sc
+                    } else {
+                        _mm512_slli_epi32::<4>(sc)
+                    };
                     for (m, tot) in tot.iter_mut().enumerate() {
                         let a = &*acts.add(m * nb + b);
                         let isum = isum8(&w, a.qs.as_ptr().add(32 * j));
@@ -324,7 +325,10 @@ unsafe fn q4k<const N: usize>(
             let dmw = ld2_f16x8(p0.add(16), p1.add(16));
             for m in 0..N {
                 let da = _mm512_set1_ps((*acts.add(m * nb + b)).d);
-                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(tot[m]), acc[m]);
+                // 16 · Σ fits i32 (at most 16 · 8 · 32 · 15 · 128 · 63 < 2^29) and is a
+                // multiple of 16, so the arithmetic shift gives the exact sum back.
+                let t = _mm512_srai_epi32::<4>(tot[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(t), acc[m]);
                 acc[m] =
                     _mm512_fnmadd_ps(_mm512_mul_ps(dmw, da), _mm512_cvtepi32_ps(msum[m]), acc[m]);
             }
