@@ -96,7 +96,7 @@ pub fn level_name(level: SimdLevel) -> &'static str {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Numerics {
     /// The kernels of [`simd_level`]: activations quantized per weight type, integer
-    /// dot products, llama.cpp's f16 roundings in attention.
+    /// dot products, f16 keys and values in attention.
     #[default]
     Fast,
     /// The float reference: every weight row dequantized to f32 and multiplied with the

@@ -166,10 +166,9 @@ fn f32_conversion_matches_gguf() {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         // Not bit-exact: the HF layout keeps each head's dimensions in a different order,
-        // so attention sums q·k in another order, and the f16 rounding of the softmax
-        // probabilities (llama.cpp's, which we reproduce) can turn a last-bit difference
-        // into one f16 step. Observed max: 0.014; a wrong permutation gives differences
-        // of several units.
+        // so attention sums q·k in another order, and the f16 K/V cache can turn a
+        // last-bit difference into one f16 step. Observed max: 0.014; a wrong
+        // permutation gives differences of several units.
         assert!(
             max_diff < 0.05,
             "prompt {n}: logits differ from the f32 reference by {max_diff}"

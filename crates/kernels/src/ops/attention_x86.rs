@@ -69,11 +69,11 @@ unsafe fn scores8(q: &[f32], k8: *const f32, scale: f32, out: &mut [f32]) {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), reduce_rows8(&x, scale)) };
 }
 
-/// [`scores`]`::<1>` of `G` queries (`qs`: `G` rows of `hd`, each already rounded to
-/// f16 precision) against the same keys, into `outs[g][..n]`. Every key chunk loaded
-/// feeds the `G` queries, which is what lets a grouped-query head group share its
-/// keys; each query's lane sums and reductions are [`scores8`]'s, in the same order.
-/// The 8 × `G` accumulators need AVX-512's 32 vector registers.
+/// [`scores`]`::<1>` of `G` queries (`qs`: `G` rows of `hd`) against the same keys,
+/// into `outs[g][..n]`. Every key chunk loaded feeds the `G` queries, which is what
+/// lets a grouped-query head group share its keys; each query's lane sums and
+/// reductions are [`scores8`]'s, in the same order. The 8 × `G` accumulators need
+/// AVX-512's 32 vector registers.
 ///
 /// # Safety
 /// AVX2/FMA/AVX-512 F+VL; `hd` a multiple of 8; `qs.len() == G * hd`; `outs` has at

@@ -59,18 +59,6 @@ pub unsafe fn f16_bits_to_f32(src: &[u16], dst: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn round_to_f16(x: &mut [f32]) {
-    let mut c = x.chunks_exact_mut(8);
-    for v in &mut c {
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(v.as_ptr()));
-        _mm256_storeu_ps(v.as_mut_ptr(), _mm256_cvtph_ps(h));
-    }
-    for v in c.into_remainder() {
-        *v = half::f16::from_f32(*v).to_f32();
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
     let n = a.len();
     let (pa, pb) = (a.as_ptr(), b.as_ptr() as *const u16);
@@ -241,13 +229,12 @@ pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `softmax_ggml` (the parent's attention softmax) followed by rounding to f16
-/// precision, in one function: the same max, the same `exp256` per chunk of eight
-/// (missing lanes of the last chunk at -inf), the same per-chunk sums added to an f64
-/// total, the same scaling by the f32 rounding of `1/total` and the same rounding to
-/// nearest f16; only the calls and copies between the steps are gone.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn softmax_f16_ggml(x: &mut [f32]) {
+/// The attention's `softmax_ggml` in one AVX2 function: the same max, the same
+/// `exp256` per chunk of eight (missing lanes of the last chunk at -inf), the same
+/// per-chunk sums added to an f64 total and the same scaling by the f32 rounding of
+/// `1/total`; only the calls and copies between the steps are gone.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn softmax_ggml(x: &mut [f32]) {
     let n = x.len();
     let p = x.as_mut_ptr();
     let n8 = n / 8 * 8;
@@ -286,11 +273,9 @@ pub unsafe fn softmax_f16_ggml(x: &mut [f32]) {
     let vi = _mm256_set1_ps(inv);
     let p = x.as_mut_ptr();
     for i in (0..n8).step_by(8) {
-        let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), vi);
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-        _mm256_storeu_ps(p.add(i), _mm256_cvtph_ps(h));
+        _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), vi));
     }
     for v in &mut x[n8..] {
-        *v = half::f16::from_f32(*v * inv).to_f32();
+        *v *= inv;
     }
 }

@@ -73,20 +73,6 @@ pub fn f16_bits_to_f32(src: &[u16], dst: &mut [f32]) {
     }
 }
 
-/// Rounds each value to the nearest f16 (ties to even) and back to f32, in place: the
-/// precision llama.cpp's attention gives queries and probabilities.
-#[inline]
-pub fn round_to_f16(x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd_level() >= SimdLevel::Avx2 {
-        // SAFETY: the CPU supports F16C (checked by simd_level).
-        return unsafe { avx2::round_to_f16(x) };
-    }
-    for v in x {
-        *v = half::f16::from_f32(*v).to_f32();
-    }
-}
-
 /// `y += alpha * x` for f16 `x`.
 #[inline]
 pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[half::f16]) {
