@@ -102,19 +102,23 @@ pub type R16KFn = fn(
     out: &mut [[f32; R16]; ACT_ROWS],
 );
 
-/// A [`BlockQ8K`]'s eight 32-column sums (its `bsums` added in pairs), two to a 32-bit
-/// word as i16 (`sums[t]` = sum `2t` in the low half, `2t + 1` in the high half), which
-/// the two-group K-quant kernels meet with the weights' mins in one `vpdpwssd` per two
-/// sub-blocks. Each sum is at most 32 · 128 in magnitude, so an i16 holds it.
+/// A [`BlockQ8K`]'s eight 32-column sums (its `bsums` added in pairs) split as
+/// `sum = 128·hi + lo` with `lo` in 0..=127 and `hi` in -32..=31, four to a 32-bit word
+/// as i8: `[lo 0–3, lo 4–7, hi 0–3, hi 4–7]`. The two-group Q4_K kernel meets each word
+/// with a weight row's four mins in one `vpdpbusd` (u8 mins times i8 parts), so a
+/// super-block's `Σ_j m_j·sum_j` takes four of them and stays exact. Each sum is at most
+/// 32 · 128 in magnitude, so the parts fit.
 pub type SubSums = [i32; 4];
 
 /// [`SubSums`] of each activation block.
 pub fn block_sub_sums(acts: &[BlockQ8K], out: &mut [SubSums]) {
     for (a, o) in acts.iter().zip(out.iter_mut()) {
         let sum = |j: usize| a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
-        for (t, o) in o.iter_mut().enumerate() {
-            *o = (sum(2 * t) as u16 as u32 | (sum(2 * t + 1) as u16 as u32) << 16) as i32;
-        }
+        let word = |f: &dyn Fn(i32) -> i32, t: usize| {
+            i32::from_le_bytes(std::array::from_fn(|i| f(sum(4 * t + i)) as i8 as u8))
+        };
+        let (lo, hi) = (|s: i32| s & 127, |s: i32| s >> 7);
+        *o = [word(&lo, 0), word(&lo, 1), word(&hi, 0), word(&hi, 1)];
     }
 }
 
@@ -248,8 +252,13 @@ fn repack_32(ty: GgmlType, data: &[u8], nb: usize, out: &mut [u8]) {
 /// Bytes of one Q4_K group block (8 rows × 256 columns).
 pub const Q4K_GROUP_BLOCK: usize = 1184;
 
+/// Where a Q4_K group block's mins start (see [`repack_q4_k`]).
+pub const Q4K_MINS: usize = 96;
+
 /// Repacks Q4_K rows: per group block `d[8]`, `dmin[8]` (f16), the unpacked 6-bit
-/// scales `sc[j][r]` and mins `m[j][r]` (u8, sub-block `j`, row `r`), then per pair of
+/// scales `sc[j][r]` (u8, sub-block `j`, row `r`) and mins four to a row, `m[t][r][i]` =
+/// sub-block `4t + i` (one 32-bit lane per row, which `vpdpbusd` meets with four
+/// activation sums at once; see [`SubSums`]), then per pair of
 /// sub-blocks `p` eight chunks of 32 bytes, chunk `c` byte `4r + j` = byte `32p + 4c + j`
 /// of row `r`'s quants.
 fn repack_q4_k(data: &[u8], nb: usize, out: &mut [u8]) {
@@ -263,7 +272,7 @@ fn repack_q4_k(data: &[u8], nb: usize, out: &mut [u8]) {
                 let (sc, m) = scales_mins_k4(s[4..16].try_into().expect("12 bytes"));
                 for j in 0..8 {
                     o[32 + 8 * j + r] = sc[j];
-                    o[96 + 8 * j + r] = m[j];
+                    o[Q4K_MINS + 32 * (j / 4) + 4 * r + j % 4] = m[j];
                 }
                 let qs = &s[16..];
                 for p in 0..4 {
@@ -299,7 +308,7 @@ fn r8k_q4_k_ref(group: &[u8], acts: &[BlockQ8K], na: usize, out: &mut [[f32; R8]
                     }
                     tot += blk[32 + 8 * j + r] as i32 * isum;
                     let bsum = a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32;
-                    msum += blk[96 + 8 * j + r] as i32 * bsum;
+                    msum += blk[Q4K_MINS + 32 * (j / 4) + 4 * r + j % 4] as i32 * bsum;
                 }
                 acc = (ld_f16(blk, r) * a.d).mul_add(tot as f32, acc);
                 acc = (-(ld_f16(&blk[16..], r) * a.d)).mul_add(msum as f32, acc);

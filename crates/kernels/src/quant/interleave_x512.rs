@@ -10,7 +10,8 @@
 //! the portable twin: the layout and the arithmetic are `interleave`'s.
 
 use super::interleave::{
-    check_r16, check_r16k, R16Fn, R16KFn, SubSums, ACT_ROWS, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R16,
+    check_r16, check_r16k, R16Fn, R16KFn, SubSums, ACT_ROWS, Q4K_GROUP_BLOCK, Q4K_MINS, Q6K_GROUP_BLOCK,
+    R16,
 };
 use super::interleave_x86::bsum_pair;
 use super::{BlockQ8, BlockQ8K, GgmlType};
@@ -306,20 +307,18 @@ unsafe fn q4k<const N: usize>(
                     }
                 }
             }
-            // The mins of sub-blocks 2t and 2t + 1 as an i16 pair, which meets the
-            // activation's two 32-column sums in one `vpdpwssd`.
-            let mut mins = [_mm512_setzero_si512(); 4];
-            for (t, mt) in mins.iter_mut().enumerate() {
-                let lo = sc16(p0.add(96 + 16 * t), p1.add(96 + 16 * t));
-                let hi = sc16(p0.add(104 + 16 * t), p1.add(104 + 16 * t));
-                *mt = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
-            }
+            // Each lane's four mins of sub-blocks 4t..4t + 4 meet the activation's
+            // sums in two parts (`SubSums`): Σ m·sum = Σ m·lo + 128·Σ m·hi, exactly.
+            let mins = [0, 1].map(|t| ld2(p0.add(Q4K_MINS + 32 * t), p1.add(Q4K_MINS + 32 * t)));
             let mut msum = [_mm512_setzero_si512(); N];
             for (m, ms) in msum.iter_mut().enumerate() {
                 let s = &*sums.add(m * nb + b);
-                for (t, mt) in mins.iter().enumerate() {
-                    *ms = _mm512_dpwssd_epi32(*ms, *mt, _mm512_set1_epi32(s[t]));
-                }
+                let part = |acc: __m512i, i: usize| {
+                    let x = _mm512_dpbusd_epi32(acc, mins[0], _mm512_set1_epi32(s[i]));
+                    _mm512_dpbusd_epi32(x, mins[1], _mm512_set1_epi32(s[i + 1]))
+                };
+                let hi = part(_mm512_setzero_si512(), 2);
+                *ms = part(_mm512_slli_epi32::<7>(hi), 0);
             }
             let dw = ld2_f16x8(p0, p1);
             let dmw = ld2_f16x8(p0.add(16), p1.add(16));

@@ -8,7 +8,9 @@
 //! are at most 15 and activations at most 127 in magnitude) and one `vpmaddwd`; the VNNI
 //! family with `vpdpbusd`.
 
-use super::interleave::{check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, Q6K_GROUP_BLOCK, R8};
+use super::interleave::{
+    check_r8, check_r8k, R8Fn, R8KFn, Q4K_GROUP_BLOCK, Q4K_MINS, Q6K_GROUP_BLOCK, R8,
+};
 use super::{BlockQ8, BlockQ8K, GgmlType};
 use std::arch::x86_64::*;
 
@@ -393,11 +395,18 @@ macro_rules! r8_family {
                     }
                     // Each sub-block's min twice, as the i16 pair that meets the
                     // activation's two 16-column sums in one `vpmaddwd`.
-                    let mut mins = [_mm256_setzero_si256(); 8];
-                    for (j, mj) in mins.iter_mut().enumerate() {
-                        let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(96 + 8 * j).cast()));
-                        *mj = _mm256_or_si256(v, _mm256_slli_epi32::<16>(v));
-                    }
+                    // (A row's mins are four to a lane; byte `i` of each lane, zero
+                    // extended, twice.)
+                    let mins4 = [0, 1].map(|t| _mm256_loadu_si256(p.add(Q4K_MINS + 32 * t).cast()));
+                    let mins: [__m256i; 8] = std::array::from_fn(|j| {
+                        let i = (j % 4) as i8;
+                        let (x, z) = (|d: i8| 4 * d + i, -1);
+                        let ctl = _mm256_setr_epi8(
+                            x(0), z, x(0), z, x(1), z, x(1), z, x(2), z, x(2), z, x(3), z, x(3), z,
+                            x(0), z, x(0), z, x(1), z, x(1), z, x(2), z, x(2), z, x(3), z, x(3), z,
+                        );
+                        _mm256_shuffle_epi8(mins4[j / 4], ctl)
+                    });
                     let mut msum = [_mm256_setzero_si256(); N];
                     for (m, ms) in msum.iter_mut().enumerate() {
                         *ms = $scale_bsums(&mins, &*acts.add(m * nb + b));
