@@ -481,11 +481,40 @@ impl EngineCore {
         self.stats.kv_slots_allocated += allocated as u64;
 
         let rows = self.build_batch(&plan);
-        let result = self
-            .model
-            .transformer
-            .forward_batch(&self.pool, &mut self.ws, &mut self.cache, &self.batch)
-            .map(|_| ());
+        // Structured outputs: the token masks of the guided requests that sample this
+        // step are computed on a helper thread while the forward pass runs, so neither
+        // waits for the other and unguided requests never wait for a mask.
+        let sampling: std::collections::HashSet<RequestId> = plan
+            .scheduled
+            .iter()
+            .zip(&rows)
+            .filter_map(|(&(id, _), r)| r.map(|_| id))
+            .collect();
+        let guides: Vec<(RequestId, &mut pagellm_structured::Guide)> = self
+            .sched
+            .requests
+            .iter_mut()
+            .filter(|(id, _)| sampling.contains(id))
+            .filter_map(|(&id, r)| r.params.guide.as_mut().map(|g| (id, g)))
+            .collect();
+        let (model, pool, ws, cache, batch) =
+            (&self.model, &self.pool, &mut self.ws, &mut self.cache, &self.batch);
+        let (result, mut masks) = std::thread::scope(|s| {
+            let helper = (!guides.is_empty()).then(|| {
+                s.spawn(move || {
+                    guides
+                        .into_iter()
+                        .map(|(id, g)| (id, g.mask()))
+                        .collect::<HashMap<_, _>>()
+                })
+            });
+            let r = model
+                .transformer
+                .forward_batch(pool, ws, cache, batch)
+                .map(|_| ());
+            let masks = helper.map(|h| h.join().unwrap_or_default());
+            (r, masks.unwrap_or_default())
+        });
         if let Err(e) = result {
             let msg = e.to_string();
             tracing::error!(error = %msg, "forward pass failed");
@@ -522,9 +551,37 @@ impl EngineCore {
                 (ls.top(k), ls.log_z())
             });
             let raw = pre.as_ref().map(|_| logits.to_vec());
+            let mask = req.params.guide.is_some().then(|| {
+                masks.remove(&id).unwrap_or_else(|| {
+                    Err(pagellm_structured::Error::Matcher("no mask was computed".into()))
+                })
+            });
+            if let Some(Ok(m)) = &mask {
+                m.apply(logits);
+            }
             let tok =
                 req.sampler
                     .sample(logits, &req.tokens[..prompt_len], &req.tokens[prompt_len..]);
+            let guided = match (mask, req.params.guide.as_mut()) {
+                (Some(Ok(_)), Some(g)) => g.advance(tok),
+                (Some(Err(e)), _) => Err(e),
+                _ => Ok(()),
+            };
+            if let Err(e) = guided {
+                tracing::warn!(request = id, error = %e, "structured output failed");
+                self.finish(
+                    id,
+                    Vec::new(),
+                    Vec::new(),
+                    FinishReason::Error,
+                    None,
+                    Some(e.to_string()),
+                    String::new(),
+                    now,
+                );
+                report.finished.push(id);
+                continue;
+            }
             let logprobs = pre.zip(raw).map(|((top, log_z), raw)| TokenLogprobs {
                 token: tok,
                 logprob: raw[tok as usize] - log_z,

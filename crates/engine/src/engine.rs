@@ -6,11 +6,13 @@
 //! returns its blocks to the pool.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use pagellm_model::loader::LoadedModel;
+use pagellm_model::tokenizer::TokenAttr;
+use pagellm_structured::{Compiler, Vocabulary};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::config::EngineConfig;
@@ -45,6 +47,8 @@ pub struct Engine {
     queued: Arc<AtomicUsize>,
     max_waiting: Option<usize>,
     kv_events: crate::kv_events::KvEvents,
+    /// Built on the first structured-output request (it indexes the vocabulary).
+    structured: OnceLock<Result<Compiler, pagellm_structured::Error>>,
 }
 
 /// The outputs of one request, ending with the one that carries `finish`.
@@ -216,6 +220,7 @@ impl Engine {
             queued,
             max_waiting: config.max_waiting_requests,
             kv_events,
+            structured: OnceLock::new(),
         })
     }
 
@@ -225,6 +230,15 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.model
+    }
+
+    /// Compiles structured-output constraints for this model (see
+    /// [`RequestParams::guide`]).
+    pub fn structured(&self) -> Result<&Compiler, EngineError> {
+        self.structured
+            .get_or_init(|| Compiler::new(&vocabulary(&self.model, self.limits.vocab_size)))
+            .as_ref()
+            .map_err(|e| EngineError::Structured(e.clone()))
     }
 
     /// Subscribes to the prefix cache's changes.
@@ -378,5 +392,30 @@ fn run(
         }
         core.step();
         kv.publish(core.take_kv_events());
+    }
+}
+
+/// The model's tokens for the structured-output matcher: their text, which are control
+/// tokens, and the end token (the tokenizer's EOS, else its first end-of-generation id).
+fn vocabulary(model: &LoadedModel, logits_len: usize) -> Vocabulary {
+    let tok = &model.tokenizer;
+    let n = tok.vocab_size() as u32;
+    Vocabulary {
+        pieces: (0..n)
+            .map(|i| tok.token_to_piece(i).unwrap_or_default().to_vec())
+            .collect(),
+        special: (0..n)
+            .map(|i| {
+                matches!(
+                    tok.token_attr(i),
+                    Some(TokenAttr::Control | TokenAttr::Unknown)
+                )
+            })
+            .collect(),
+        eos: tok
+            .eos_id()
+            .or_else(|| tok.eos_ids().first().copied())
+            .unwrap_or(0),
+        logits_len,
     }
 }

@@ -23,6 +23,8 @@ pub enum EngineError {
     Sampling(#[from] SamplingError),
     #[error("{0}")]
     InvalidParam(String),
+    #[error(transparent)]
+    Structured(#[from] pagellm_structured::Error),
     #[error("invalid engine configuration: {0}")]
     Config(String),
     #[error(transparent)]

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::kv_cache::{extend_block_hashes, BlockHash};
 use crate::sampler::{Sampler, SamplingParams};
+use pagellm_structured::Guide;
 use crate::stop::Detokenizer;
 
 pub type RequestId = u64;
@@ -39,6 +40,9 @@ pub struct RequestParams {
     pub logprobs: Option<usize>,
     /// Continue a request another engine started (see [`Resume`]).
     pub resume: Option<Resume>,
+    /// Structured output: the tokens allowed at each step (a JSON schema, regex, choice
+    /// or grammar compiled by [`crate::Engine::structured`]).
+    pub guide: Option<Guide>,
 }
 
 /// Output already generated for this request elsewhere (a stream whose server died,
@@ -68,6 +72,7 @@ impl Default for RequestParams {
             detokenize: true,
             logprobs: None,
             resume: None,
+            guide: None,
         }
     }
 }
@@ -182,16 +187,19 @@ impl Request {
         id: RequestId,
         seq: u64,
         prompt: Vec<u32>,
-        params: RequestParams,
+        mut params: RequestParams,
         max_tokens: usize,
         arrival: Instant,
-    ) -> Result<Self, crate::sampler::SamplingError> {
+    ) -> Result<Self, crate::EngineError> {
         let prompt_len = prompt.len();
         let mut tokens = prompt;
         let mut sampler = Sampler::new(params.sampling.clone())?;
         if let Some(r) = &params.resume {
             tokens.extend_from_slice(&r.output_token_ids);
             sampler.skip(r.output_token_ids.len());
+            if let Some(g) = params.guide.as_mut() {
+                g.advance_all(&r.output_token_ids)?;
+            }
         }
         Ok(Self {
             id,

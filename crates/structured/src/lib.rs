@@ -242,8 +242,12 @@ impl Guide {
         Ok(TokenMask(m))
     }
 
-    /// Takes `token` as the next output token.
+    /// Takes `token` as the next output token. Once the grammar is complete the mask
+    /// allows only the end token, which needs no parsing.
     pub fn advance(&mut self, token: u32) -> Result<(), Error> {
+        if self.m.is_stopped() {
+            return Ok(());
+        }
         self.m
             .consume_token(token)
             .map_err(|e| Error::Matcher(e.to_string()))

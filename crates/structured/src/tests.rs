@@ -121,6 +121,9 @@ fn the_end_token_is_the_only_choice_once_complete() {
     m.apply(&mut logits);
     let finite: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
     assert_eq!(finite, vec![v.eos as usize]);
+    // The end token itself is taken without complaint.
+    g.advance(v.eos).unwrap();
+    assert!(g.is_complete());
     // A token the mask forbids is refused.
     let mut g = c.compile(&Constraint::Choice(vec!["no".into()])).unwrap();
     assert!(g.advance(b'x' as u32 - b' ' as u32).is_err());

@@ -22,6 +22,7 @@ use crate::AppState;
 
 mod prompt;
 mod stream;
+mod structured;
 mod types;
 
 pub use prompt::prompt_token_ids;
@@ -134,7 +135,12 @@ fn logprobs(req: &GenRequest, chat: bool) -> Result<Option<usize>, ApiError> {
 }
 
 /// The engine parameters of one choice.
-fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, ApiError> {
+fn params(
+    req: &GenRequest,
+    chat: bool,
+    choice: usize,
+    guide: Option<pagellm_structured::Guide>,
+) -> Result<RequestParams, ApiError> {
     let max_tokens = non_negative(req.max_completion_tokens.or(req.max_tokens), "max_tokens")?;
     if max_tokens == Some(0) {
         return Err(ApiError::bad_request(
@@ -177,6 +183,7 @@ fn params(req: &GenRequest, chat: bool, choice: usize) -> Result<RequestParams, 
             output_token_ids: r.output_token_ids.clone(),
             text_offset: r.text_offset,
         }),
+        guide,
     })
 }
 
@@ -368,11 +375,21 @@ async fn generate(
     if req.echo == Some(true) {
         return Err(ApiError::bad_request("echo is not supported", Some("echo")));
     }
-    // Tokenization can take a while for long prompts: keep it off the async workers.
+    structured::check_fields(&req)?;
+    let constraint = structured::constraint(&req)?;
+    // Tokenization and compiling a constraint can take a while: keep them off the async
+    // workers.
     let (st2, req2) = (st.clone(), req.clone());
-    let prompts = tokio::task::spawn_blocking(move || {
-        let model = st2.engine()?.model();
-        if chat {
+    let (prompts, guide) = tokio::task::spawn_blocking(move || {
+        let engine = st2.engine()?;
+        let guide = match constraint {
+            None => None,
+            Some((c, field)) => Some(engine.structured()?.compile(&c).map_err(|e| {
+                ApiError::bad_request(format!("{field}: {e}"), Some(field))
+            })?),
+        };
+        let model = engine.model();
+        let prompts = if chat {
             chat_prompt(
                 &model.tokenizer,
                 model.chat_template.as_ref(),
@@ -381,7 +398,8 @@ async fn generate(
             .map(|p| vec![p])
         } else {
             completion_prompts(&model.tokenizer, &req2.prompt)
-        }
+        }?;
+        Ok::<_, ApiError>((prompts, guide))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
@@ -395,7 +413,7 @@ async fn generate(
     let mut group = Vec::with_capacity(prompts.len() * n);
     for prompt in &prompts {
         for c in 0..n {
-            group.push((prompt.clone(), params(&req, chat, c)?));
+            group.push((prompt.clone(), params(&req, chat, c, guide.clone())?));
         }
     }
     let token_ids = req.return_token_ids.unwrap_or(false);

@@ -1,6 +1,7 @@
 //! The OpenAI wire types the generation endpoints accept.
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::ApiError;
 
@@ -118,6 +119,16 @@ pub struct GenRequest {
     pub(crate) return_token_ids: Option<bool>,
     /// Continue a request another replica started (see `pagellm_engine::Resume`).
     pub(crate) pagellm_resume: Option<ResumeInput>,
+    /// Structured outputs: OpenAI's field, vLLM's, and vLLM's older ones.
+    pub(crate) response_format: Option<Value>,
+    pub(crate) structured_outputs: Option<Value>,
+    pub(crate) guided_json: Option<Value>,
+    pub(crate) guided_regex: Option<String>,
+    pub(crate) guided_choice: Option<Vec<String>>,
+    pub(crate) guided_grammar: Option<String>,
+    /// Every other field, checked by `structured::check_fields`.
+    #[serde(flatten)]
+    pub(crate) extra: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
