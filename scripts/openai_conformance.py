@@ -42,9 +42,9 @@ FOX = "The quick brown fox"
 class Server:
     """A `pagellm serve` subprocess whose output is collected by a thread."""
 
-    def __init__(self, binary: str, model: str):
+    def __init__(self, binary: str, model: str, limits=("--max-waiting-requests", "2", "--max-num-seqs", "2")):
         cmd = [binary, "serve", "--model", model, "--port", "0", "--api-key", API_KEY,
-               "--max-waiting-requests", "2", "--max-num-seqs", "2", "--threads", "2"]
+               *limits, "--threads", "2"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace")
         self.log: list = []

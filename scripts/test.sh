@@ -6,9 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # What the tests run against besides the workspace: the official OpenAI SDK, and a real
 # redis-server (the gateway's shared rate limits).
-# numpy for the independent packer of the quantized checkpoint layouts.
-python3 -m pip install --quiet --disable-pip-version-check openai numpy \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai numpy
+# numpy for the independent packer of the quantized checkpoint layouts, jsonschema to
+# validate structured outputs.
+python3 -m pip install --quiet --disable-pip-version-check openai numpy jsonschema \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai numpy jsonschema
 if ! command -v redis-server >/dev/null; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
@@ -26,6 +27,10 @@ cargo test --workspace --release
 python3 scripts/packed_formats_e2e.py --pagellm target/release/pagellm
 # The OpenAI API as the official Python SDK sees it (pip install openai).
 python3 scripts/openai_conformance.py --pagellm target/release/pagellm --model smollm2-135m
+# Structured outputs through the SDK: 22 JSON schemas, regexes, choices and a grammar at
+# two temperatures, every reply validated; bad constraints and unsupported fields refused.
+python3 scripts/structured_e2e.py --pagellm target/release/pagellm \
+    --model smollm2-135m --model qwen2.5-coder-0.5b
 # The gateway in front of real replicas: many models through one URL with the SDK, and a
 # replica killed under load (small version of the benchmark in BENCHMARKS.md).
 python3 scripts/gateway_e2e.py --pagellm target/release/pagellm

@@ -497,8 +497,13 @@ impl EngineCore {
             .filter(|(id, _)| sampling.contains(id))
             .filter_map(|(&id, r)| r.params.guide.as_mut().map(|g| (id, g)))
             .collect();
-        let (model, pool, ws, cache, batch) =
-            (&self.model, &self.pool, &mut self.ws, &mut self.cache, &self.batch);
+        let (model, pool, ws, cache, batch) = (
+            &self.model,
+            &self.pool,
+            &mut self.ws,
+            &mut self.cache,
+            &self.batch,
+        );
         let (result, mut masks) = std::thread::scope(|s| {
             let helper = (!guides.is_empty()).then(|| {
                 s.spawn(move || {
@@ -553,7 +558,9 @@ impl EngineCore {
             let raw = pre.as_ref().map(|_| logits.to_vec());
             let mask = req.params.guide.is_some().then(|| {
                 masks.remove(&id).unwrap_or_else(|| {
-                    Err(pagellm_structured::Error::Matcher("no mask was computed".into()))
+                    Err(pagellm_structured::Error::Matcher(
+                        "no mask was computed".into(),
+                    ))
                 })
             });
             if let Some(Ok(m)) = &mask {

@@ -266,6 +266,11 @@ impl Engine {
     ) -> Result<Vec<RequestStream>, EngineError> {
         for (prompt, params) in &requests {
             self.limits.validate(prompt, params)?;
+            // Resumed output must be output the constraint allows (checked on a copy;
+            // the request's own guide takes the tokens when the engine admits it).
+            if let (Some(g), Some(r)) = (&params.guide, &params.resume) {
+                g.clone().advance_all(&r.output_token_ids)?;
+            }
         }
         // Reserve places in the queue, or refuse: it never grows past the limit by more
         // than one group.

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use crate::kv_cache::{extend_block_hashes, BlockHash};
 use crate::sampler::{Sampler, SamplingParams};
-use pagellm_structured::Guide;
 use crate::stop::Detokenizer;
+use pagellm_structured::Guide;
 
 pub type RequestId = u64;
 

@@ -112,7 +112,11 @@ impl From<EngineError> for ApiError {
                     e.to_string(),
                 )
             },
-            EngineError::Model(_) | EngineError::Config(_) => Self::internal(e.to_string()),
+            EngineError::Model(_)
+            | EngineError::Config(_)
+            | EngineError::Structured(pagellm_structured::Error::Vocabulary(_)) => {
+                Self::internal(e.to_string())
+            }
             _ => Self::bad_request(e.to_string(), param),
         }
     }

@@ -97,7 +97,9 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
             }
             '"' => {
                 let (s, end) = string(&cs, i).map_err(|e| format!("line {}: {e}", line_of(i)))?;
-                out.push(Tok::Str(serde_json::to_string(&s).expect("a string serializes")));
+                out.push(Tok::Str(
+                    serde_json::to_string(&s).expect("a string serializes"),
+                ));
                 i = end;
             }
             '[' => {
@@ -135,7 +137,8 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
             }
             c if c.is_ascii_alphanumeric() || c == '-' || c == '_' => {
                 let start = i;
-                while i < cs.len() && (cs[i].is_ascii_alphanumeric() || cs[i] == '-' || cs[i] == '_')
+                while i < cs.len()
+                    && (cs[i].is_ascii_alphanumeric() || cs[i] == '-' || cs[i] == '_')
                 {
                     i += 1;
                 }

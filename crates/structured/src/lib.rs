@@ -26,9 +26,12 @@ pub use gbnf::gbnf_to_lark;
 /// What a request constrains its output to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Constraint {
-    /// Text that validates against a JSON schema. With `strict` (OpenAI's flag), an
-    /// object that does not say otherwise admits only its declared properties.
-    JsonSchema { schema: Value, strict: bool },
+    /// Text that validates against a JSON schema. An object that does not set
+    /// `additionalProperties` admits only its declared properties, as in llama.cpp and in
+    /// vLLM's default backend (and as OpenAI's `strict` mode requires of every schema):
+    /// JSON Schema's own default, any other key, lets small models wander into keys of
+    /// their own until the token limit.
+    JsonSchema(Value),
     /// Any JSON object (`response_format: {"type": "json_object"}`).
     JsonObject,
     /// Text that matches a regular expression, whole.
@@ -44,7 +47,7 @@ impl Constraint {
     /// The name a client knows the constraint by, for messages.
     pub fn kind(&self) -> &'static str {
         match self {
-            Constraint::JsonSchema { .. } => "JSON schema",
+            Constraint::JsonSchema(_) => "JSON schema",
             Constraint::JsonObject => "JSON object",
             Constraint::Regex(_) => "regex",
             Constraint::Choice(_) => "choice",
@@ -124,14 +127,12 @@ impl Compiler {
             message,
         };
         let grammar = match c {
-            Constraint::JsonSchema { schema, strict } => {
+            Constraint::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(invalid("a schema must be a JSON object".into()));
                 }
                 let mut schema = schema.clone();
-                if *strict {
-                    close_objects(&mut schema);
-                }
+                close_objects(&mut schema);
                 TopLevelGrammar::from_json_schema(with_layout(schema))
             }
             Constraint::JsonObject => {
@@ -171,20 +172,20 @@ impl Compiler {
 /// `x-guidance` options.
 fn with_layout(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance").or_insert_with(|| {
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-        });
+        o.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
     }
     schema
 }
 
-/// OpenAI's strict mode: every object schema without its own `additionalProperties`
-/// admits only its declared properties.
+/// Every object schema without its own `additionalProperties` admits only its declared
+/// properties (see [`Constraint::JsonSchema`]).
 fn close_objects(v: &mut Value) {
     match v {
         Value::Object(o) => {
-            let is_object = o.get("type").is_some_and(|t| t == "object")
-                || o.contains_key("properties");
+            let is_object =
+                o.get("type").is_some_and(|t| t == "object") || o.contains_key("properties");
             if is_object && !o.contains_key("additionalProperties") {
                 o.insert("additionalProperties".into(), Value::Bool(false));
             }

@@ -31,7 +31,9 @@ fn walk(v: &Vocabulary, mut g: Guide, seed: u64, limit: usize) -> Option<String>
         if m.allows(v.eos) && (state >> 60) < 4 {
             return Some(String::from_utf8(out).unwrap());
         }
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let t = allowed[(state >> 33) as usize % allowed.len()];
         if t == v.eos {
             return Some(String::from_utf8(out).unwrap());
@@ -58,12 +60,20 @@ fn choices_produce_exactly_one_of_the_options() {
 fn regexes_are_matched_whole() {
     let v = vocab();
     let c = Compiler::new(&v).unwrap();
-    let g = c.compile(&Constraint::Regex("[0-9]{3}-[a-z]+".into())).unwrap();
+    let g = c
+        .compile(&Constraint::Regex("[0-9]{3}-[a-z]+".into()))
+        .unwrap();
     for seed in 0..40 {
         let text = walk(&v, g.clone(), seed, 200).expect("ends");
         let (num, word) = text.split_once('-').expect("a dash");
-        assert!(num.len() == 3 && num.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
-        assert!(!word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase()), "{text:?}");
+        assert!(
+            num.len() == 3 && num.bytes().all(|b| b.is_ascii_digit()),
+            "{text:?}"
+        );
+        assert!(
+            !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase()),
+            "{text:?}"
+        );
     }
 }
 
@@ -80,12 +90,7 @@ fn json_schemas_produce_valid_instances() {
         },
         "required": ["name", "n"],
     });
-    let g = c
-        .compile(&Constraint::JsonSchema {
-            schema,
-            strict: true,
-        })
-        .unwrap();
+    let g = c.compile(&Constraint::JsonSchema(schema)).unwrap();
     let mut ended = 0;
     for seed in 0..30 {
         let Some(text) = walk(&v, g.clone(), seed, 300) else {
@@ -94,12 +99,22 @@ fn json_schemas_produce_valid_instances() {
         ended += 1;
         let val: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         let o = val.as_object().expect("an object");
-        assert!(o.keys().all(|k| ["name", "n", "tags"].contains(&k.as_str())), "{text}");
-        assert!(o["name"].as_str().is_some_and(|s| s.chars().count() <= 5), "{text}");
+        assert!(
+            o.keys()
+                .all(|k| ["name", "n", "tags"].contains(&k.as_str())),
+            "{text}"
+        );
+        assert!(
+            o["name"].as_str().is_some_and(|s| s.chars().count() <= 5),
+            "{text}"
+        );
         assert!((1..=9).contains(&o["n"].as_i64().expect("n")), "{text}");
         if let Some(t) = o.get("tags") {
             let t = t.as_array().expect("tags");
-            assert!(t.len() <= 2 && t.iter().all(|x| x == "x" || x == "y"), "{text}");
+            assert!(
+                t.len() <= 2 && t.iter().all(|x| x == "x" || x == "y"),
+                "{text}"
+            );
         }
     }
     assert!(ended >= 20, "only {ended} of 30 walks ended");
@@ -119,7 +134,9 @@ fn the_end_token_is_the_only_choice_once_complete() {
     assert!(m.allows(v.eos));
     let mut logits = vec![1.0; v.logits_len];
     m.apply(&mut logits);
-    let finite: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
+    let finite: Vec<usize> = (0..logits.len())
+        .filter(|&i| logits[i].is_finite())
+        .collect();
     assert_eq!(finite, vec![v.eos as usize]);
     // The end token itself is taken without complaint.
     g.advance(v.eos).unwrap();
@@ -138,19 +155,21 @@ fn bad_constraints_name_the_problem() {
     };
     let (kind, _) = err(Constraint::Regex("[a-".into()));
     assert_eq!(kind, "regex");
-    let (kind, msg) = err(Constraint::JsonSchema {
-        schema: json!({"type": "nonsense"}),
-        strict: false,
-    });
+    let (kind, msg) = err(Constraint::JsonSchema(json!({"type": "nonsense"})));
     assert_eq!(kind, "JSON schema");
     assert!(msg.contains("nonsense"), "{msg}");
-    let (kind, _) = err(Constraint::JsonSchema {
-        schema: json!([1, 2]),
-        strict: false,
-    });
+    let (kind, _) = err(Constraint::JsonSchema(json!([1, 2])));
     assert_eq!(kind, "JSON schema");
+    // A keyword the matcher cannot enforce is refused by name, not dropped.
+    let (_, msg) = err(Constraint::JsonSchema(
+        json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true}),
+    ));
+    assert!(msg.contains("uniqueItems"), "{msg}");
     assert_eq!(err(Constraint::Choice(vec![])).0, "choice");
-    assert_eq!(err(Constraint::Grammar("start: undefined_rule".into())).0, "grammar");
+    assert_eq!(
+        err(Constraint::Grammar("start: undefined_rule".into())).0,
+        "grammar"
+    );
     let (kind, msg) = err(Constraint::Grammar("root ::= \"a\" [b-".into()));
     assert_eq!(kind, "grammar");
     assert!(msg.contains("unclosed"), "{msg}");
@@ -173,10 +192,15 @@ fn gbnf_grammars_work_as_llama_cpp_writes_them() {
         let text = walk(&v, g.clone(), seed, 50).expect("ends");
         let (a, n) = text.split_once(' ').expect("a space");
         assert!(a == "yes" || a == "no", "{text:?}");
-        assert!((1..=3).contains(&n.len()) && !n.starts_with('0'), "{text:?}");
+        assert!(
+            (1..=3).contains(&n.len()) && !n.starts_with('0'),
+            "{text:?}"
+        );
         assert!(n.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
     }
-    assert!(gbnf_to_lark("answer ::= \"x\"").unwrap_err().contains("root"));
+    assert!(gbnf_to_lark("answer ::= \"x\"")
+        .unwrap_err()
+        .contains("root"));
 }
 
 #[test]

@@ -10,8 +10,8 @@
 //! the portable twin: the layout and the arithmetic are `interleave`'s.
 
 use super::interleave::{
-    check_r16, check_r16k, R16Fn, R16KFn, SubSums, ACT_ROWS, Q4K_GROUP_BLOCK, Q4K_MINS, Q6K_GROUP_BLOCK,
-    R16,
+    check_r16, check_r16k, R16Fn, R16KFn, SubSums, ACT_ROWS, Q4K_GROUP_BLOCK, Q4K_MINS,
+    Q6K_GROUP_BLOCK, R16,
 };
 use super::interleave_x86::bsum_pair;
 use super::{BlockQ8, BlockQ8K, GgmlType};

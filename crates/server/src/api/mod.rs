@@ -380,29 +380,31 @@ async fn generate(
     // Tokenization and compiling a constraint can take a while: keep them off the async
     // workers.
     let (st2, req2) = (st.clone(), req.clone());
-    let (prompts, guide) = tokio::task::spawn_blocking(move || {
-        let engine = st2.engine()?;
-        let guide = match constraint {
-            None => None,
-            Some((c, field)) => Some(engine.structured()?.compile(&c).map_err(|e| {
-                ApiError::bad_request(format!("{field}: {e}"), Some(field))
-            })?),
-        };
-        let model = engine.model();
-        let prompts = if chat {
-            chat_prompt(
-                &model.tokenizer,
-                model.chat_template.as_ref(),
-                &req2.messages,
-            )
-            .map(|p| vec![p])
-        } else {
-            completion_prompts(&model.tokenizer, &req2.prompt)
-        }?;
-        Ok::<_, ApiError>((prompts, guide))
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let (prompts, guide) =
+        tokio::task::spawn_blocking(move || {
+            let engine = st2.engine()?;
+            let guide =
+                match constraint {
+                    None => None,
+                    Some((c, field)) => Some(engine.structured()?.compile(&c).map_err(|e| {
+                        ApiError::bad_request(format!("{field}: {e}"), Some(field))
+                    })?),
+                };
+            let model = engine.model();
+            let prompts = if chat {
+                chat_prompt(
+                    &model.tokenizer,
+                    model.chat_template.as_ref(),
+                    &req2.messages,
+                )
+                .map(|p| vec![p])
+            } else {
+                completion_prompts(&model.tokenizer, &req2.prompt)
+            }?;
+            Ok::<_, ApiError>((prompts, guide))
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     if req.pagellm_resume.is_some() && (n != 1 || prompts.len() != 1) {
         return Err(ApiError::bad_request(
             "pagellm_resume continues one choice: it needs one prompt and n = 1",

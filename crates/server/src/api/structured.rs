@@ -71,7 +71,8 @@ pub(crate) fn check_fields(req: &GenRequest) -> Result<(), ApiError> {
         }
         let default = DEFAULTS.iter().find(|(name, _)| name == k);
         let at_default = default.is_some_and(|(_, d)| {
-            serde_json::from_str::<Value>(d).is_ok_and(|d| d == *v || d.as_f64() == v.as_f64() && d.is_number())
+            serde_json::from_str::<Value>(d)
+                .is_ok_and(|d| d == *v || d.as_f64() == v.as_f64() && d.is_number())
         });
         if at_default {
             continue;
@@ -110,18 +111,18 @@ pub(crate) fn constraint(req: &GenRequest) -> Result<Option<(Constraint, &'stati
                 let schema = js.get("schema").cloned().ok_or_else(|| {
                     bad("response_format.json_schema.schema is required".into(), p)
                 })?;
-                let strict = js.get("strict").and_then(Value::as_bool).unwrap_or(false);
-                found.push((Constraint::JsonSchema { schema, strict }, p));
+                // `strict` needs nothing more: objects are closed to their declared
+                // properties either way (see `Constraint::JsonSchema`), and a keyword
+                // that cannot be enforced is an error, never dropped.
+                found.push((Constraint::JsonSchema(schema), p));
             }
-            other => {
-                return Err(bad(
-                    format!(
-                        "response_format.type must be `text`, `json_object` or `json_schema`, got {}",
-                        other.map_or("nothing".to_string(), |t| format!("`{t}`"))
-                    ),
-                    p,
-                ))
-            }
+            other => return Err(bad(
+                format!(
+                    "response_format.type must be `text`, `json_object` or `json_schema`, got {}",
+                    other.map_or("nothing".to_string(), |t| format!("`{t}`"))
+                ),
+                p,
+            )),
         }
     }
     if let Some(so) = &req.structured_outputs {
@@ -135,13 +136,24 @@ pub(crate) fn constraint(req: &GenRequest) -> Result<Option<(Constraint, &'stati
             }
             match k.as_str() {
                 "json" => found.push((json_schema(v, p)?, p)),
-                "regex" => found.push((Constraint::Regex(string(v, "structured_outputs.regex")?), p)),
-                "choice" => found.push((Constraint::Choice(choices(v, "structured_outputs.choice")?), p)),
-                "grammar" => {
-                    found.push((Constraint::Grammar(string(v, "structured_outputs.grammar")?), p))
+                "regex" => {
+                    found.push((Constraint::Regex(string(v, "structured_outputs.regex")?), p))
                 }
-                "json_object" if v.as_bool() == Some(true) => found.push((Constraint::JsonObject, p)),
-                "json_object" | "backend" | "disable_fallback" | "disable_any_whitespace"
+                "choice" => found.push((
+                    Constraint::Choice(choices(v, "structured_outputs.choice")?),
+                    p,
+                )),
+                "grammar" => found.push((
+                    Constraint::Grammar(string(v, "structured_outputs.grammar")?),
+                    p,
+                )),
+                "json_object" if v.as_bool() == Some(true) => {
+                    found.push((Constraint::JsonObject, p))
+                }
+                "json_object"
+                | "backend"
+                | "disable_fallback"
+                | "disable_any_whitespace"
                 | "disable_additional_properties" => {}
                 other => {
                     return Err(bad(
@@ -179,15 +191,11 @@ pub(crate) fn constraint(req: &GenRequest) -> Result<Option<(Constraint, &'stati
 /// A schema given as an object, or as a string holding one (vLLM accepts both).
 fn json_schema(v: &Value, p: &str) -> Result<Constraint, ApiError> {
     let schema = match v {
-        Value::String(s) => serde_json::from_str(s).map_err(|e| {
-            ApiError::bad_request(format!("{p} is not valid JSON: {e}"), Some(p))
-        })?,
+        Value::String(s) => serde_json::from_str(s)
+            .map_err(|e| ApiError::bad_request(format!("{p} is not valid JSON: {e}"), Some(p)))?,
         v => v.clone(),
     };
-    Ok(Constraint::JsonSchema {
-        schema,
-        strict: false,
-    })
+    Ok(Constraint::JsonSchema(schema))
 }
 
 fn string(v: &Value, p: &str) -> Result<String, ApiError> {
