@@ -87,6 +87,29 @@ class Server:
         print("---- server log ----\n" + "".join(self.log) + "---- end of server log ----")
 
 
+def check_models(binary: str, models: list, max_num_seqs: int, run) -> bool:
+    """For each model: starts a server, calls `run(client, base_url, model)`, which returns
+    a list of failures, and prints them with the server's log. True if all passed."""
+    ok = True
+    for model in models:
+        server = Server(binary, model, limits=("--max-num-seqs", str(max_num_seqs)))
+        try:
+            base = server.wait_ready()
+            client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
+            fails = run(client, base, model)
+        except Exception as e:  # noqa: BLE001 - a setup failure is reported like the others
+            fails = [f"setup: {type(e).__name__}: {e}"]
+        finally:
+            server.proc.terminate()
+            server.proc.wait(30)
+        for f in fails:
+            print(f"FAIL {model}: {f}")
+        if fails:
+            ok = False
+            server.print_log()
+    return ok
+
+
 def http(method: str, url: str, body=None, key=API_KEY, timeout=60):
     """A raw request; returns (status, headers, body bytes) whatever the status."""
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()

@@ -10,7 +10,7 @@ For each model given, starts the server and checks that
   choice lists are one of the choices (vLLM's older `guided_choice`), both temperatures;
 - `json_object` gives a JSON object, and a GBNF grammar is followed;
 - a schema, regex or grammar that does not compile is answered 400 naming it, and a
-  field the server cannot honour (`tools`, `logit_bias`) is refused, not ignored.
+  field the server cannot honour (`prompt_logprobs`, `logit_bias`) is refused, not ignored.
 
 Requests run 16 at a time, so constrained requests share batches. Prints one line per
 failure and a summary per model; exits non-zero if anything failed.
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import openai
 
-from openai_conformance import API_KEY, Server
+from openai_conformance import check_models
 
 S = {"type": "string", "maxLength": 40}
 SCHEMAS = {
@@ -202,7 +202,7 @@ def refusals(client: openai.OpenAI, model: str) -> list:
         ("guided_grammar", dict(extra_body={"guided_grammar": "root ::= undefined-rule"})),
         ("guided_choice", dict(extra_body={"guided_choice": []})),
         ("response_format", dict(response_format={"type": "yaml"})),
-        ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+        ("prompt_logprobs", dict(extra_body={"prompt_logprobs": 1})),
         ("logit_bias", dict(logit_bias={"1": 5})),
     ]
     fails = []
@@ -224,24 +224,7 @@ def main() -> None:
     ap.add_argument("--pagellm", required=True)
     ap.add_argument("--model", action="append", required=True)
     a = ap.parse_args()
-    failed = False
-    for model in a.model:
-        server = Server(a.pagellm, model, limits=("--max-num-seqs", "16"))
-        try:
-            base = server.wait_ready()
-            client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
-            fails = run(client, model)
-        except Exception as e:  # noqa: BLE001
-            fails = [f"setup: {e}"]
-        finally:
-            server.proc.terminate()
-            server.proc.wait(30)
-        for f in fails:
-            print(f"FAIL {model}: {f}")
-        if fails:
-            failed = True
-            server.print_log()
-    sys.exit(1 if failed else 0)
+    sys.exit(0 if check_models(a.pagellm, a.model, 16, lambda client, base, model: run(client, model)) else 1)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,10 @@ python3 scripts/openai_conformance.py --pagellm target/release/pagellm --model s
 # two temperatures, every reply validated; bad constraints and unsupported fields refused.
 python3 scripts/structured_e2e.py --pagellm target/release/pagellm \
     --model smollm2-135m --model qwen2.5-coder-0.5b
+# Tool calling through the SDK: required and named calls (streamed and not) whose
+# arguments validate, auto and none, a round trip through a tool result.
+python3 scripts/tools_e2e.py --pagellm target/release/pagellm \
+    --model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b
 # The gateway in front of real replicas: many models through one URL with the SDK, and a
 # replica killed under load (small version of the benchmark in BENCHMARKS.md).
 python3 scripts/gateway_e2e.py --pagellm target/release/pagellm

@@ -126,6 +126,33 @@ impl ChatTemplate {
     }
 }
 
+impl ChatTemplate {
+    /// Renders messages given as JSON objects, which may carry more than role and
+    /// content (an assistant's `tool_calls`, a tool result's `tool_call_id`), with the
+    /// tool definitions the template lists in its prompt (`None`: no tools).
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| ModelError::ChatTemplate(describe(&e)))?;
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+            tools => tools.map_or(Value::from(()), Value::from_serialize),
+            documents => Value::from(()),
+        };
+        tmpl.render(ctx)
+            .map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {}", describe(&e))))
+    }
+}
+
 /// Error text including the detail and location minijinja knows about.
 fn describe(e: &Error) -> String {
     let mut msg = e.to_string();

@@ -167,6 +167,14 @@ impl Compiler {
     }
 }
 
+/// A Lark rule body (`%json {...}`) for a JSON value following `schema`, laid out and
+/// closed as [`Constraint::JsonSchema`] is, for grammars that embed JSON (tool calls).
+pub fn lark_json(schema: &Value) -> String {
+    let mut schema = schema.clone();
+    close_objects(&mut schema);
+    format!("%json {}", with_layout(schema))
+}
+
 /// JSON the way models write it: `", "` and `": "` between items, no free whitespace
 /// (which small models can repeat until the token limit), unless the schema sets its own
 /// `x-guidance` options.

@@ -216,3 +216,20 @@ fn lark_grammars_compile_as_given() {
         assert!(text.len() >= 2, "{text:?}");
     }
 }
+
+#[test]
+fn json_embedded_in_a_grammar_is_closed_and_laid_out() {
+    let v = vocab();
+    let c = Compiler::new(&v).unwrap();
+    let schema =
+        json!({"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"]});
+    let g = format!("start: \"call \" body\nbody: {}", lark_json(&schema));
+    let g = c.compile(&Constraint::Grammar(g)).unwrap();
+    for seed in 0..20 {
+        let text = walk(&v, g.clone(), seed, 60).expect("ends");
+        assert!(
+            text == "call {\"n\": 1}" || text == "call {\"n\": 2}",
+            "{text:?}"
+        );
+    }
+}

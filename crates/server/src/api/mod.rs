@@ -23,6 +23,7 @@ use crate::AppState;
 mod prompt;
 mod stream;
 mod structured;
+mod tools;
 mod types;
 
 pub use prompt::prompt_token_ids;
@@ -376,10 +377,24 @@ async fn generate(
         return Err(ApiError::bad_request("echo is not supported", Some("echo")));
     }
     structured::check_fields(&req)?;
-    let constraint = structured::constraint(&req)?;
+    let tools = tools::parse(&req, chat)?;
+    let constraint = match (
+        structured::constraint(&req)?,
+        tools.as_ref().and_then(|t| t.constraint()),
+    ) {
+        (Some((_, field)), Some(_)) => {
+            return Err(ApiError::bad_request(
+                format!("{field} cannot be combined with a required tool call"),
+                Some(field),
+            ))
+        }
+        (Some(c), None) => Some(c),
+        (None, Some(c)) => Some((c, "tool_choice")),
+        (None, None) => None,
+    };
     // Tokenization and compiling a constraint can take a while: keep them off the async
     // workers.
-    let (st2, req2) = (st.clone(), req.clone());
+    let (st2, req2, tools2) = (st.clone(), req.clone(), tools.clone());
     let (prompts, guide) =
         tokio::task::spawn_blocking(move || {
             let engine = st2.engine()?;
@@ -396,6 +411,7 @@ async fn generate(
                     &model.tokenizer,
                     model.chat_template.as_ref(),
                     &req2.messages,
+                    tools2.as_ref().and_then(|t| t.for_template()),
                 )
                 .map(|p| vec![p])
             } else {
@@ -438,6 +454,7 @@ async fn generate(
                 kind,
                 include_usage,
                 prompt_ids: token_ids.then_some(prompts),
+                tools: tools.clone().filter(|t| t.parses()),
             },
         ));
     }
@@ -468,6 +485,18 @@ async fn generate(
             });
             match kind {
                 Kind::Completion => v["text"] = json!(c.text),
+                Kind::Chat if tools.as_ref().is_some_and(|t| t.parses()) => {
+                    let (text, calls) = tools.as_ref().expect("checked").split(&c.text);
+                    let text = text.trim();
+                    v["message"] = json!({"role": "assistant",
+                        "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
+                    if !calls.is_empty() {
+                        v["message"]["tool_calls"] = tools::calls_json(&calls, 0, &format!("{id}_{i}"));
+                        if c.finish.reason == pagellm_engine::FinishReason::Stop {
+                            v["finish_reason"] = json!("tool_calls");
+                        }
+                    }
+                }
                 Kind::Chat => v["message"] = json!({"role": "assistant", "content": c.text}),
             }
             if token_ids {

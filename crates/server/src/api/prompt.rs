@@ -40,11 +40,13 @@ pub(crate) fn completion_prompts(
     Ok(prompts)
 }
 
-/// The messages of a chat request, rendered and tokenized.
+/// The messages of a chat request, with the tool definitions the template should list,
+/// rendered and tokenized.
 pub(crate) fn chat_prompt(
     tok: &Tokenizer,
     tmpl: Option<&ChatTemplate>,
     msgs: &Option<Vec<ChatMsg>>,
+    tools: Option<&[Value]>,
 ) -> Result<Vec<u32>, ApiError> {
     let Some(msgs) = msgs else {
         return Err(ApiError::bad_request(
@@ -65,16 +67,27 @@ pub(crate) fn chat_prompt(
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            Ok(ChatMessage {
+            let mut v = serde_json::to_value(ChatMessage {
                 role: m.role.clone(),
                 content: match &m.content {
                     Some(c) => c.text(i)?,
                     None => String::new(),
                 },
             })
+            .expect("a message serializes");
+            if let Some(calls) = &m.tool_calls {
+                v["tool_calls"] = Value::Array(super::tools::template_calls(calls));
+            }
+            if let Some(id) = &m.tool_call_id {
+                v["tool_call_id"] = Value::String(id.clone());
+            }
+            if let Some(n) = &m.name {
+                v["name"] = Value::String(n.clone());
+            }
+            Ok(v)
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let text = tmpl.render(&msgs, true).map_err(|e| {
+    let text = tmpl.render_json(&msgs, tools, true).map_err(|e| {
         ApiError::bad_request(
             format!("cannot apply the chat template: {e}"),
             Some("messages"),
@@ -98,7 +111,9 @@ pub fn prompt_token_ids(
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let req: GenRequest = super::parse_value(body.clone())?;
     if chat {
-        chat_prompt(tok, template, &req.messages).map(|p| vec![p])
+        let tools = super::tools::parse(&req, chat)?;
+        let defs = tools.as_ref().and_then(|t| t.for_template());
+        chat_prompt(tok, template, &req.messages, defs).map(|p| vec![p])
     } else {
         completion_prompts(tok, &req.prompt)
     }

@@ -1,6 +1,7 @@
 //! Streamed responses: every choice as server-sent events, ending with `data: [DONE]`.
 
 use std::convert::Infallible;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use axum::response::sse::{Event, Sse};
@@ -10,6 +11,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::tools::{calls_json, Tools};
 use super::{finish_str, now_s, stop_reason_json, timings_json, usage_json, Kind, LogprobsFormat};
 use crate::AppState;
 
@@ -22,6 +24,8 @@ pub(crate) struct Shape {
     pub include_usage: bool,
     /// Each prompt's token ids, when the request asked for `return_token_ids`.
     pub prompt_ids: Option<Vec<Vec<u32>>>,
+    /// Replies are parsed for tool calls (`tools` with a `tool_choice` other than none).
+    pub tools: Option<Tools>,
 }
 
 /// Streams every choice as server-sent events, ending with `data: [DONE]`.
@@ -37,6 +41,7 @@ pub(crate) fn stream_response(
         kind,
         include_usage,
         prompt_ids,
+        tools,
     } = shape;
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let created = now_s();
@@ -50,6 +55,7 @@ pub(crate) fn stream_response(
     let n = streams.len();
     for (index, mut s) in streams.into_iter().enumerate() {
         let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
+        let tools = tools.clone();
         // With return_token_ids: this choice's prompt, sent once in its first chunk.
         let mut prompt = prompt_ids
             .as_ref()
@@ -65,13 +71,25 @@ pub(crate) fn stream_response(
                 kind,
             };
             let mut offset = 0;
+            // With tools: the text is passed on except open calls, each call is sent
+            // once its closing tag arrives, and a reply that called ends "tool_calls".
+            let mut calls = tools
+                .as_ref()
+                .filter(|_| kind == Kind::Chat)
+                .map(Tools::stream);
+            let n_calls = std::sync::atomic::AtomicUsize::new(0);
+            let call_id = format!("{id}_{index}");
             let mut chunk = |delta: Value,
                              logprobs: Value,
                              finish: Option<&FinishInfo>,
                              ids: Option<&[u32]>| {
+                let reason = finish.map(|f| match f.reason {
+                    pagellm_engine::FinishReason::Stop if n_calls.load(Relaxed) > 0 => "tool_calls",
+                    _ => finish_str(f),
+                });
                 let mut choice = json!({
                     "index": index, "logprobs": logprobs,
-                    "finish_reason": finish.map(finish_str),
+                    "finish_reason": reason,
                     "stop_reason": finish.map_or(Value::Null, |f| stop_reason_json(&f.stop_reason)),
                 });
                 choice[if kind == Kind::Chat { "delta" } else { "text" }] = delta;
@@ -105,9 +123,24 @@ pub(crate) fn stream_response(
             {
                 return;
             }
-            while let Some(o) = s.next().await {
+            while let Some(mut o) = s.next().await {
+                let mut new_calls = Value::Null;
+                if let Some(ts) = calls.as_mut() {
+                    let (mut text, mut found) = ts.push(&o.text);
+                    if o.finish.is_some() {
+                        let (t, f) = ts.finish();
+                        text.push_str(&t);
+                        found.extend(f);
+                    }
+                    if !found.is_empty() {
+                        new_calls =
+                            calls_json(&found, n_calls.fetch_add(found.len(), Relaxed), &call_id);
+                    }
+                    o.text = text;
+                }
                 let delta = match kind {
                     Kind::Completion => json!(o.text),
+                    Kind::Chat if !new_calls.is_null() => json!({"tool_calls": new_calls}),
                     Kind::Chat if o.finish.is_some() && o.text.is_empty() => json!({}),
                     Kind::Chat => json!({"content": o.text}),
                 };
@@ -121,7 +154,7 @@ pub(crate) fn stream_response(
                 // back: a router continuing the stream must know every token.
                 let ids = token_ids.then_some(o.token_ids.as_slice());
                 let new_ids = ids.is_some_and(|i| !i.is_empty());
-                if (last || new_ids || !o.text.is_empty() || !lp.is_null())
+                if (last || new_ids || !o.text.is_empty() || !lp.is_null() || !new_calls.is_null())
                     && tx
                         .send(chunk(delta, lp, o.finish.as_ref(), ids))
                         .await

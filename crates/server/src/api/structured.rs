@@ -10,8 +10,6 @@ use crate::error::ApiError;
 /// Fields that would change the output and cannot be honoured yet. A request that sets
 /// one gets a 400 naming it: silently ignoring such a field is worse than refusing it.
 const UNSUPPORTED: &[&str] = &[
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "logit_bias",
@@ -43,7 +41,6 @@ const METADATA: &[&str] = &[
     "metadata",
     "store",
     "service_tier",
-    "parallel_tool_calls",
     "guided_decoding_backend",
     "request_id",
     "reasoning_effort",
@@ -116,13 +113,15 @@ pub(crate) fn constraint(req: &GenRequest) -> Result<Option<(Constraint, &'stati
                 // that cannot be enforced is an error, never dropped.
                 found.push((Constraint::JsonSchema(schema), p));
             }
-            other => return Err(bad(
-                format!(
+            other => {
+                return Err(bad(
+                    format!(
                     "response_format.type must be `text`, `json_object` or `json_schema`, got {}",
                     other.map_or("nothing".to_string(), |t| format!("`{t}`"))
                 ),
-                p,
-            )),
+                    p,
+                ))
+            }
         }
     }
     if let Some(so) = &req.structured_outputs {

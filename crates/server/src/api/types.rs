@@ -40,6 +40,14 @@ pub(crate) struct StreamOptions {
 pub(crate) struct ChatMsg {
     pub(crate) role: String,
     pub(crate) content: Option<Content>,
+    /// An assistant turn's calls (OpenAI's shape, arguments as JSON strings).
+    #[serde(default)]
+    pub(crate) tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn's answer to this call.
+    #[serde(default)]
+    pub(crate) tool_call_id: Option<String>,
+    #[serde(default)]
+    pub(crate) name: Option<String>,
 }
 
 /// Message content: a string, or a list of parts of which text parts are supported.
@@ -119,6 +127,10 @@ pub struct GenRequest {
     pub(crate) return_token_ids: Option<bool>,
     /// Continue a request another replica started (see `pagellm_engine::Resume`).
     pub(crate) pagellm_resume: Option<ResumeInput>,
+    /// Tool calling (see `tools.rs`).
+    pub(crate) tools: Option<Vec<Value>>,
+    pub(crate) tool_choice: Option<Value>,
+    pub(crate) parallel_tool_calls: Option<bool>,
     /// Structured outputs: OpenAI's field, vLLM's, and vLLM's older ones.
     pub(crate) response_format: Option<Value>,
     pub(crate) structured_outputs: Option<Value>,
