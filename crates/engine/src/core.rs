@@ -90,6 +90,17 @@ impl EngineLimits {
                 crate::logprobs::MAX_LOGPROBS
             )));
         }
+        if let Some(&(t, _)) = params
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|&&(t, _)| t as usize >= self.vocab_size)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "logit_bias: token id {t} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
         if let Some(&t) = params
             .stop_token_ids
             .iter()

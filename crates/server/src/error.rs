@@ -100,6 +100,11 @@ impl From<EngineError> for ApiError {
             EngineError::Sampling(pagellm_engine::SamplingError::OutOfRange { name, .. }) => {
                 Some(*name)
             }
+            // The engine's messages name the field first (`logit_bias: token id ...`).
+            EngineError::InvalidParam(m) => m
+                .split_once(':')
+                .map(|(p, _)| p)
+                .filter(|p| p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')),
             _ => None,
         };
         match e {

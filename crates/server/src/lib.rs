@@ -102,6 +102,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/models", get(api::models))
+        .route("/v1/models/{id}", get(api::model))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
         .route("/v1/kv_events", get(kv_events::kv_events))

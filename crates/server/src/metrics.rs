@@ -106,6 +106,20 @@ pub fn render(s: &EngineStats, model_name: &str) -> String {
         "Number of requests waiting to be processed.",
         s.num_waiting as f64,
     );
+    // Every waiting request here waits for room in the batch; none is deferred (vLLM
+    // defers requests whose KV comes from elsewhere or whose grammar still compiles).
+    o.header(
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Number of requests waiting, by the reason they wait.",
+    );
+    for (reason, n) in [("capacity", s.num_waiting), ("deferred", 0)] {
+        let _ = writeln!(
+            o.text,
+            "vllm:num_requests_waiting_by_reason{{{},reason=\"{reason}\"}} {n}",
+            o.labels
+        );
+    }
     o.gauge(
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",

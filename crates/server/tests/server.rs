@@ -411,3 +411,83 @@ fn shutdown_aborts_what_outlives_the_grace_period() {
         .send()
         .is_err());
 }
+
+#[test]
+fn vllm_parity_fields() {
+    let greedy = |extra: Value| {
+        let mut body =
+            json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        post_json("/v1/completions", body)
+    };
+    let param = |v: &Value| v["error"]["param"].as_str().unwrap_or_default().to_string();
+    // logit_bias pushes one token to the top, and is checked.
+    let (s, v) = greedy(json!({"logit_bias": {"4649": 100}, "return_token_ids": true}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["token_ids"], json!([4649, 4649, 4649]));
+    for bad in [
+        json!({"x": 1}),
+        json!({"4649": 150}),
+        json!({"99999999": 1}),
+        json!({"4649": "a"}),
+    ] {
+        let (s, v) = greedy(json!({"logit_bias": bad}));
+        assert_eq!((s, param(&v)), (400, "logit_bias".into()), "{v}");
+    }
+    // truncate_prompt_tokens keeps the prompt's tail.
+    let (_, v) = greedy(json!({"truncate_prompt_tokens": 2}));
+    assert_eq!(v["usage"]["prompt_tokens"], 2, "{v}");
+    let (s, v) = greedy(json!({"truncate_prompt_tokens": 0}));
+    assert_eq!((s, param(&v)), (400, "truncate_prompt_tokens".into()));
+    // echo leads with the prompt, streamed or not; it needs prompt logprobs to combine
+    // with logprobs, and means nothing for chat.
+    let (_, plain) = greedy(json!({}));
+    let (_, v) = greedy(json!({"echo": true}));
+    assert_eq!(
+        v["choices"][0]["text"].as_str().unwrap(),
+        format!(
+            "The capital of France is{}",
+            plain["choices"][0]["text"].as_str().unwrap()
+        )
+    );
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0,
+                      "echo": true, "stream": true});
+    let (_, text) = post("/v1/completions", &body.to_string());
+    assert_eq!(
+        completion_stream_text(&text),
+        v["choices"][0]["text"].as_str().unwrap()
+    );
+    let (s, v) = greedy(json!({"echo": true, "logprobs": 1}));
+    assert_eq!((s, param(&v)), (400, "echo".into()));
+    // One model's card, and a 404 for another.
+    let (s, card) = shared().get(&format!("/v1/models/{NAME}"));
+    assert_eq!(s, 200, "{card}");
+    assert_eq!(serde_json::from_str::<Value>(&card).unwrap()["id"], NAME);
+    assert_eq!(shared().get("/v1/models/nope").0, 404);
+    // /tokenize renders chat messages as the chat endpoint does, with token texts.
+    let (s, t) = post_json(
+        "/tokenize",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "return_token_strs": true}),
+    );
+    assert_eq!(s, 200, "{t}");
+    let (_, c) = post_json(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "return_token_ids": true}),
+    );
+    assert_eq!(t["tokens"], c["prompt_token_ids"]);
+    assert_eq!(t["token_strs"][0], "<|im_start|>");
+    assert_eq!(
+        t["token_strs"].as_array().unwrap().len(),
+        t["count"].as_u64().unwrap() as usize
+    );
+    // Waiting requests by reason, under vLLM's name.
+    let (_, m) = shared().get("/metrics");
+    assert!(
+        m.contains(
+            "vllm:num_requests_waiting_by_reason{model_name=\"smollm2\",reason=\"capacity\"}"
+        ),
+        "{m}"
+    );
+}

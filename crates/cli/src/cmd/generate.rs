@@ -65,6 +65,7 @@ pub fn run(a: Args) -> Result<()> {
         presence_penalty: a.presence_penalty,
         frequency_penalty: a.frequency_penalty,
         seed: a.seed,
+        logit_bias: Vec::new(),
     };
     sampling.validate()?;
     if a.max_tokens == 0 {

@@ -27,6 +27,8 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Fixed seed for reproducible sampling; `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// OpenAI's `logit_bias`: added to these tokens' logits before anything else.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +42,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -107,6 +110,14 @@ impl SamplingParams {
             "in [-2, 2]",
             self.frequency_penalty,
         )?;
+        for &(_, b) in &self.logit_bias {
+            check(
+                "logit_bias",
+                (-100.0..=100.0).contains(&b),
+                "in [-100, 100]",
+                b,
+            )?;
+        }
         Ok(())
     }
 
@@ -155,6 +166,11 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {
+        for &(t, b) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
         self.apply_penalties(logits, prompt, output);
         if self.params.is_greedy() {
             return argmax(logits);

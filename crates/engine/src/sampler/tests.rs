@@ -200,3 +200,33 @@ fn invalid_params_are_rejected_with_the_field_name() {
         assert!(e.starts_with(name), "{e}");
     }
 }
+
+#[test]
+fn logit_bias_moves_tokens_before_the_draw() {
+    let logits = [1.0f32, 3.0, 2.0, 0.5];
+    let greedy = |bias: Vec<(u32, f32)>| {
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: bias,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
+        s.sample(&mut logits.clone(), &[], &[])
+    };
+    assert_eq!(greedy(vec![]), 1);
+    assert_eq!(greedy(vec![(3, 100.0)]), 3);
+    assert_eq!(greedy(vec![(1, -100.0)]), 2);
+    // -100 on every other token makes sampling deterministic, as OpenAI documents.
+    let mut s = Sampler::new(SamplingParams {
+        temperature: 1.0,
+        seed: Some(3),
+        logit_bias: vec![(0, -100.0), (1, -100.0), (3, -100.0)],
+        ..SamplingParams::default()
+    })
+    .unwrap();
+    assert!((0..50).all(|_| s.sample(&mut logits.clone(), &[], &[]) == 2));
+    assert!(Sampler::new(SamplingParams {
+        logit_bias: vec![(0, 101.0)],
+        ..SamplingParams::default()
+    })
+    .is_err());
+}

@@ -14,7 +14,6 @@ use pagellm_engine::{
     MAX_LOGPROBS,
 };
 use pagellm_model::tokenizer::Tokenizer;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -23,8 +22,11 @@ use crate::AppState;
 mod prompt;
 mod stream;
 mod structured;
+mod tokenize;
 mod tools;
 mod types;
+
+pub use tokenize::{detokenize, tokenize};
 
 pub use prompt::prompt_token_ids;
 use prompt::{chat_prompt, completion_prompts};
@@ -159,6 +161,7 @@ fn params(
         frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
         // Choices of one request differ: each gets its own stream of the seed.
         seed: req.seed.map(|s| (s as u64).wrapping_add(choice as u64)),
+        logit_bias: logit_bias(req)?,
     };
     sampling.validate().map_err(|e| {
         let pagellm_engine::SamplingError::OutOfRange { name, .. } = &e;
@@ -186,6 +189,52 @@ fn params(
         }),
         guide,
     })
+}
+
+/// `logit_bias` as (token, bias); keys must be token ids (the range of the bias and of
+/// the ids is checked with the other sampling parameters).
+fn logit_bias(req: &GenRequest) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(m) = &req.logit_bias else {
+        return Ok(Vec::new());
+    };
+    let bad = |m: String| ApiError::bad_request(m, Some("logit_bias"));
+    m.iter()
+        .map(|(k, v)| {
+            let t = k
+                .parse::<u32>()
+                .map_err(|_| bad(format!("logit_bias: `{k}` is not a token id")))?;
+            let b = v
+                .as_f64()
+                .ok_or_else(|| bad(format!("logit_bias[{k}] must be a number, got {v}")))?;
+            Ok((t, b as f32))
+        })
+        .collect()
+}
+
+/// Applies vLLM's `truncate_prompt_tokens`: the last `k` tokens of each prompt, or with
+/// -1 as many as the context leaves room for.
+fn truncate_prompts(
+    req: &GenRequest,
+    prompts: &mut [Vec<u32>],
+    max_model_len: usize,
+) -> Result<(), ApiError> {
+    let k = match req.truncate_prompt_tokens {
+        None => return Ok(()),
+        Some(-1) => max_model_len.saturating_sub(1).max(1),
+        Some(k) if k >= 1 => k as usize,
+        Some(k) => {
+            return Err(ApiError::bad_request(
+                format!("truncate_prompt_tokens must be -1 or at least 1, got {k}"),
+                Some("truncate_prompt_tokens"),
+            ))
+        }
+    };
+    for p in prompts {
+        if p.len() > k {
+            p.drain(..p.len() - k);
+        }
+    }
+    Ok(())
 }
 
 fn n_choices(req: &GenRequest) -> Result<usize, ApiError> {
@@ -373,8 +422,18 @@ async fn generate(
     check_model(&st, &req.model)?;
     let n = n_choices(&req)?;
     let chat = kind == Kind::Chat;
-    if req.echo == Some(true) {
-        return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+    let echo = req.echo == Some(true);
+    if echo && chat {
+        return Err(ApiError::bad_request(
+            "echo is for /v1/completions",
+            Some("echo"),
+        ));
+    }
+    if echo && logprobs(&req, chat)?.is_some() {
+        return Err(ApiError::bad_request(
+            "echo with logprobs needs the prompt's logprobs, which are not supported",
+            Some("echo"),
+        ));
     }
     structured::check_fields(&req)?;
     let tools = tools::parse(&req, chat)?;
@@ -421,6 +480,22 @@ async fn generate(
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
+    let mut prompts = prompts;
+    truncate_prompts(&req, &mut prompts, engine.limits().max_model_len)?;
+    // With echo, each prompt's text leads its choices' text (as given, or decoded from
+    // ids and after truncation).
+    let echoed: Option<Vec<String>> = echo.then(|| {
+        let tok = &engine.model().tokenizer;
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| match (&req.prompt, req.truncate_prompt_tokens) {
+                (Some(PromptInput::Text(s)), None) => s.clone(),
+                (Some(PromptInput::Texts(v)), None) => v[i].clone(),
+                _ => tok.decode(ids, false),
+            })
+            .collect()
+    });
     if req.pagellm_resume.is_some() && (n != 1 || prompts.len() != 1) {
         return Err(ApiError::bad_request(
             "pagellm_resume continues one choice: it needs one prompt and n = 1",
@@ -455,6 +530,7 @@ async fn generate(
                 include_usage,
                 prompt_ids: token_ids.then_some(prompts),
                 tools: tools.clone().filter(|t| t.parses()),
+                echo: echoed,
             },
         ));
     }
@@ -484,7 +560,10 @@ async fn generate(
                 "stop_reason": stop_reason_json(&c.finish.stop_reason),
             });
             match kind {
-                Kind::Completion => v["text"] = json!(c.text),
+                Kind::Completion => {
+                    let lead = echoed.as_ref().map_or("", |e| e[i / n].as_str());
+                    v["text"] = json!(format!("{lead}{}", c.text));
+                }
                 Kind::Chat if tools.as_ref().is_some_and(|t| t.parses()) => {
                     let (text, calls) = tools.as_ref().expect("checked").split(&c.text);
                     let text = text.trim();
@@ -527,83 +606,44 @@ async fn generate(
 pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let r = (|| {
         check_key(&st, &headers)?;
-        let engine = st.engine()?;
-        Ok::<_, ApiError>(Json(json!({
-            "object": "list",
-            "data": [{
-                "id": st.config.served_model_name,
-                "object": "model",
-                "created": st.created,
-                "owned_by": "pagellm",
-                "max_model_len": engine.limits().max_model_len,
-            }],
-        })))
+        Ok::<_, ApiError>(Json(json!({"object": "list", "data": [model_card(&st)?]})))
     })();
     r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
-#[derive(Deserialize)]
-struct TokenizeReq {
-    #[serde(default)]
-    model: Option<String>,
-    prompt: String,
-    #[serde(default = "yes")]
-    add_special_tokens: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-#[derive(Deserialize)]
-struct DetokenizeReq {
-    #[serde(default)]
-    model: Option<String>,
-    tokens: Vec<u32>,
-}
-
-/// `/tokenize` and `/detokenize` sit outside `/v1` and, as in vLLM, need no API key.
-pub async fn tokenize(
+/// `GET /v1/models/{id}`: the served model's card, or 404 for another id.
+pub async fn model(
     State(st): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     let r = (|| {
-        let engine = st.engine()?;
-        let req: TokenizeReq = parse(&body.map_err(ApiError::from_body)?)?;
-        check_model(&st, &req.model)?;
-        let tokens = engine
-            .model()
-            .tokenizer
-            .encode(&req.prompt, req.add_special_tokens, true)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?;
-        Ok::<_, ApiError>(Json(json!({
-            "count": tokens.len(),
-            "max_model_len": engine.limits().max_model_len,
-            "tokens": tokens,
-        })))
-    })();
-    r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
-}
-
-pub async fn detokenize(
-    State(st): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let r = (|| {
-        let engine = st.engine()?;
-        let req: DetokenizeReq = parse(&body.map_err(ApiError::from_body)?)?;
-        check_model(&st, &req.model)?;
-        let vocab = engine.limits().vocab_size;
-        if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::bad_request(
-                format!("token id {t} is outside the vocabulary of {vocab}"),
-                Some("tokens"),
+        check_key(&st, &headers)?;
+        if id != st.config.served_model_name {
+            return Err(ApiError::not_found(
+                format!(
+                    "the model `{id}` does not exist; this server serves `{}`",
+                    st.config.served_model_name
+                ),
+                Some("model"),
             ));
         }
-        let prompt = engine.model().tokenizer.decode(&req.tokens, false);
-        Ok(Json(json!({"prompt": prompt})))
+        Ok(Json(model_card(&st)?))
     })();
     r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+fn model_card(st: &AppState) -> Result<Value, ApiError> {
+    let engine = st.engine()?;
+    Ok(json!({
+        "id": st.config.served_model_name,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "pagellm",
+        "root": st.config.served_model_name,
+        "parent": null,
+        "max_model_len": engine.limits().max_model_len,
+    }))
 }
 
 pub async fn version() -> Json<Value> {

@@ -26,6 +26,8 @@ pub(crate) struct Shape {
     pub prompt_ids: Option<Vec<Vec<u32>>>,
     /// Replies are parsed for tool calls (`tools` with a `tool_choice` other than none).
     pub tools: Option<Tools>,
+    /// With `echo`: each prompt's text, sent as its choices' first chunk.
+    pub echo: Option<Vec<String>>,
 }
 
 /// Streams every choice as server-sent events, ending with `data: [DONE]`.
@@ -42,6 +44,7 @@ pub(crate) fn stream_response(
         include_usage,
         prompt_ids,
         tools,
+        echo,
     } = shape;
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let created = now_s();
@@ -56,6 +59,9 @@ pub(crate) fn stream_response(
     for (index, mut s) in streams.into_iter().enumerate() {
         let (tx, done_tx, id, model) = (tx.clone(), done_tx.clone(), id.clone(), model.clone());
         let tools = tools.clone();
+        let echo = echo
+            .as_ref()
+            .map(|e| e[index / n_per_prompt.max(1)].clone());
         // With return_token_ids: this choice's prompt, sent once in its first chunk.
         let mut prompt = prompt_ids
             .as_ref()
@@ -122,6 +128,15 @@ pub(crate) fn stream_response(
                     .is_err()
             {
                 return;
+            }
+            if let Some(text) = echo {
+                if tx
+                    .send(chunk(json!(text), Value::Null, None, None))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
             while let Some(mut o) = s.next().await {
                 let mut new_calls = Value::Null;

@@ -12,9 +12,7 @@ use crate::error::ApiError;
 const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
-    "logit_bias",
     "prompt_logprobs",
-    "truncate_prompt_tokens",
     "best_of",
     "suffix",
     "allowed_token_ids",

@@ -100,12 +100,14 @@ pub(crate) fn parse(req: &GenRequest, chat: bool) -> Result<Option<Tools>, ApiEr
             "none" => Choice::None,
             "auto" => Choice::Auto,
             "required" => Choice::Required,
-            other => return Err(bad(
-                format!(
+            other => {
+                return Err(bad(
+                    format!(
                     "tool_choice must be `none`, `auto`, `required` or a function, got `{other}`"
                 ),
-                p,
-            )),
+                    p,
+                ))
+            }
         },
         Some(v) => {
             let name = v

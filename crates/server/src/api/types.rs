@@ -127,6 +127,10 @@ pub struct GenRequest {
     pub(crate) return_token_ids: Option<bool>,
     /// Continue a request another replica started (see `pagellm_engine::Resume`).
     pub(crate) pagellm_resume: Option<ResumeInput>,
+    /// OpenAI's: token id (as a string) → bias added to its logit, in [-100, 100].
+    pub(crate) logit_bias: Option<serde_json::Map<String, Value>>,
+    /// vLLM's: keep only the last k prompt tokens (-1: as many as the context allows).
+    pub(crate) truncate_prompt_tokens: Option<i64>,
     /// Tool calling (see `tools.rs`).
     pub(crate) tools: Option<Vec<Value>>,
     pub(crate) tool_choice: Option<Value>,
