@@ -444,6 +444,11 @@ fn vllm_parity_fields() {
     // echo leads with the prompt, streamed or not; it needs prompt logprobs to combine
     // with logprobs, and means nothing for chat.
     let (_, plain) = greedy(json!({}));
+    assert!(plain["choices"][0]["prompt_logprobs"].is_null());
+    assert!(plain["choices"][0]
+        .as_object()
+        .unwrap()
+        .contains_key("prompt_logprobs"));
     let (_, v) = greedy(json!({"echo": true}));
     assert_eq!(
         v["choices"][0]["text"].as_str().unwrap(),

@@ -559,6 +559,10 @@ async fn generate(
                 "index": i, "logprobs": lp, "finish_reason": finish_str(&c.finish),
                 "stop_reason": stop_reason_json(&c.finish.stop_reason),
             });
+            if kind == Kind::Completion {
+                // vLLM always sends the field; prompt logprobs are refused above.
+                v["prompt_logprobs"] = Value::Null;
+            }
             match kind {
                 Kind::Completion => {
                     let lead = echoed.as_ref().map_or("", |e| e[i / n].as_str());
@@ -599,6 +603,9 @@ async fn generate(
     });
     if token_ids && kind == Kind::Chat {
         body["prompt_token_ids"] = json!(prompts[0]);
+    }
+    if kind == Kind::Chat {
+        body["prompt_logprobs"] = Value::Null;
     }
     Ok(Json(body).into_response())
 }
