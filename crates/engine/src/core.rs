@@ -495,18 +495,18 @@ impl EngineCore {
         // Structured outputs: the token masks of the guided requests that sample this
         // step are computed on a helper thread while the forward pass runs, so neither
         // waits for the other and unguided requests never wait for a mask.
-        let sampling: std::collections::HashSet<RequestId> = plan
-            .scheduled
-            .iter()
-            .zip(&rows)
-            .filter_map(|(&(id, _), r)| r.map(|_| id))
-            .collect();
+        let samples = |id: RequestId| {
+            plan.scheduled
+                .iter()
+                .zip(&rows)
+                .any(|(&(s, _), r)| s == id && r.is_some())
+        };
         let guides: Vec<(RequestId, &mut pagellm_structured::Guide)> = self
             .sched
             .requests
             .iter_mut()
-            .filter(|(id, _)| sampling.contains(id))
             .filter_map(|(&id, r)| r.params.guide.as_mut().map(|g| (id, g)))
+            .filter(|&(id, _)| samples(id))
             .collect();
         let (model, pool, ws, cache, batch) = (
             &self.model,

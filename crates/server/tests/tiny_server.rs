@@ -190,7 +190,16 @@ fn bad_input_gets_openai_errors_and_harms_nothing() {
         (r#"{"prompt": "ab", "top_p": 0}"#, "top_p"),
         (r#"{"prompt": "ab", "n": 17}"#, "n"),
         (r#"{"prompt": "ab", "logprobs": 21}"#, "logprobs"),
-        (r#"{"prompt": "ab", "echo": true}"#, "echo"),
+        (r#"{"prompt": "ab", "echo": true, "logprobs": 1}"#, "echo"),
+        (
+            r#"{"prompt": "ab", "logit_bias": {"1": 101}}"#,
+            "logit_bias",
+        ),
+        (r#"{"prompt": "ab", "guided_regex": "[a-"}"#, "guided_regex"),
+        (
+            r#"{"prompt": "ab", "prompt_logprobs": 1}"#,
+            "prompt_logprobs",
+        ),
         (r#"{"prompt": []}"#, "prompt"),
         (r#"{"prompt": [99999]}"#, "prompt"),
     ] {
