@@ -400,41 +400,15 @@ macro_rules! r8_family {
                     let mins4 = [0, 1].map(|t| _mm256_loadu_si256(p.add(Q4K_MINS + 32 * t).cast()));
                     let mins: [__m256i; 8] = std::array::from_fn(|j| {
                         let i = (j % 4) as i8;
-                        let (x, z) = (|d: i8| 4 * d + i, -1);
-                        let ctl = _mm256_setr_epi8(
-                            x(0),
-                            z,
-                            x(0),
-                            z,
-                            x(1),
-                            z,
-                            x(1),
-                            z,
-                            x(2),
-                            z,
-                            x(2),
-                            z,
-                            x(3),
-                            z,
-                            x(3),
-                            z,
-                            x(0),
-                            z,
-                            x(0),
-                            z,
-                            x(1),
-                            z,
-                            x(1),
-                            z,
-                            x(2),
-                            z,
-                            x(2),
-                            z,
-                            x(3),
-                            z,
-                            x(3),
-                            z,
-                        );
+                        // Even bytes pick byte `i` of their own 32-bit lane, odd ones zero.
+                        let ctl: [i8; 32] = std::array::from_fn(|b| {
+                            if b % 2 == 1 {
+                                -1
+                            } else {
+                                4 * ((b % 16) / 4) as i8 + i
+                            }
+                        });
+                        let ctl = _mm256_loadu_si256(ctl.as_ptr().cast());
                         _mm256_shuffle_epi8(mins4[j / 4], ctl)
                     });
                     let mut msum = [_mm256_setzero_si256(); N];
