@@ -535,16 +535,7 @@ impl EngineCore {
             let msg = e.to_string();
             tracing::error!(error = %msg, "forward pass failed");
             for &(id, _) in &plan.scheduled {
-                self.finish(
-                    id,
-                    Vec::new(),
-                    Vec::new(),
-                    FinishReason::Error,
-                    None,
-                    Some(msg.clone()),
-                    String::new(),
-                    Instant::now(),
-                );
+                self.fail(id, msg.clone(), Instant::now());
                 report.finished.push(id);
             }
             return report;
@@ -587,16 +578,7 @@ impl EngineCore {
             };
             if let Err(e) = guided {
                 tracing::warn!(request = id, error = %e, "structured output failed");
-                self.finish(
-                    id,
-                    Vec::new(),
-                    Vec::new(),
-                    FinishReason::Error,
-                    None,
-                    Some(e.to_string()),
-                    String::new(),
-                    now,
-                );
+                self.fail(id, e.to_string(), now);
                 report.finished.push(id);
                 continue;
             }
@@ -742,6 +724,21 @@ impl EngineCore {
                 Some(id)
             }
         }
+    }
+
+    /// Ends a request with `FinishReason::Error` and the message.
+    fn fail(&mut self, id: RequestId, error: String, now: Instant) {
+        let reason = FinishReason::Error;
+        self.finish(
+            id,
+            Vec::new(),
+            Vec::new(),
+            reason,
+            None,
+            Some(error),
+            String::new(),
+            now,
+        );
     }
 
     /// Ends a request: removes it, frees its blocks and sends the final update.
