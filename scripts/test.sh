@@ -4,14 +4,15 @@
 # test of the workspace and the OpenAI SDK conformance test against `pagellm serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# What the tests run against besides the workspace: the official OpenAI SDK, and a real
-# redis-server (the gateway's shared rate limits).
-# numpy for the independent packer of the quantized checkpoint layouts, jsonschema to
-# validate structured outputs.
-python3 -m pip install --quiet --disable-pip-version-check openai numpy jsonschema \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai numpy jsonschema
-if ! command -v redis-server >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+# What the tests run against besides the workspace: the official OpenAI SDK, a real
+# redis-server (the gateway's shared rate limits), and Debian's chromium driven by
+# playwright (the dashboard). numpy for the independent packer of the quantized
+# checkpoint layouts, jsonschema to validate structured outputs.
+PIP_PACKAGES="openai numpy jsonschema playwright"
+python3 -m pip install --quiet --disable-pip-version-check $PIP_PACKAGES \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages $PIP_PACKAGES
+if ! command -v redis-server >/dev/null || ! command -v chromium >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq redis-server chromium >/dev/null
 fi
 # One build for everything: `cargo test --release` also builds the `pagellm` binary
 # (target/release/pagellm) that the pulls and the scripts below run; a separate
@@ -35,6 +36,9 @@ python3 scripts/structured_e2e.py --pagellm target/release/pagellm \
 # arguments validate, auto and none, a round trip through a tool result.
 python3 scripts/tools_e2e.py --pagellm target/release/pagellm \
     --model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b
+# The dashboard in headless chromium: no console errors, a streamed chat reply, and the
+# block map, request table and charts following a `pagellm bench serve` load.
+python3 scripts/dashboard_e2e.py --pagellm target/release/pagellm --model smollm2-135m
 # The gateway in front of real replicas: many models through one URL with the SDK, and a
 # replica killed under load (small version of the benchmark in BENCHMARKS.md).
 python3 scripts/gateway_e2e.py --pagellm target/release/pagellm

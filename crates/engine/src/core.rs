@@ -19,6 +19,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::kv_cache::{KvCacheManager, PrefixCacheStats};
+pub use crate::limits::EngineLimits;
+use crate::live::{LivePublisher, LiveSlot};
 use crate::logprobs::{LogSoftmax, TokenLogprobs};
 use crate::metrics::LatencyHistograms;
 use crate::request::{
@@ -57,105 +59,6 @@ pub type OutputSink = UnboundedSender<RequestOutput>;
 
 /// Sees every logits row before sampling (tests compare runs bit for bit with it).
 pub type LogitsProbe = Box<dyn FnMut(RequestId, &[f32]) + Send>;
-
-/// Limits a request is checked against before it is queued.
-#[derive(Debug, Clone, Copy)]
-pub struct EngineLimits {
-    pub max_model_len: usize,
-    pub vocab_size: usize,
-    pub num_blocks: usize,
-    pub block_size: usize,
-}
-
-impl EngineLimits {
-    /// Checks a request and returns its effective output limit. A request that could
-    /// never run is rejected here rather than left waiting.
-    pub fn validate(&self, prompt: &[u32], params: &RequestParams) -> Result<usize, EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(EngineError::TokenOutOfVocab {
-                token: t,
-                vocab_size: self.vocab_size,
-            });
-        }
-        params.sampling.validate()?;
-        if let Some(k) = params
-            .logprobs
-            .filter(|&k| k > crate::logprobs::MAX_LOGPROBS)
-        {
-            return Err(EngineError::InvalidParam(format!(
-                "logprobs: at most {} alternatives per token, got {k}",
-                crate::logprobs::MAX_LOGPROBS
-            )));
-        }
-        if let Some(&(t, _)) = params
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|&&(t, _)| t as usize >= self.vocab_size)
-        {
-            return Err(EngineError::InvalidParam(format!(
-                "logit_bias: token id {t} is outside the vocabulary of {}",
-                self.vocab_size
-            )));
-        }
-        if let Some(&t) = params
-            .stop_token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.vocab_size)
-        {
-            return Err(EngineError::InvalidParam(format!(
-                "stop_token_ids: token id {t} is outside the vocabulary of {}",
-                self.vocab_size
-            )));
-        }
-        if prompt.len() >= self.max_model_len {
-            return Err(EngineError::ContextLength {
-                prompt_tokens: prompt.len(),
-                max_tokens: params.max_tokens.unwrap_or(1),
-                max_model_len: self.max_model_len,
-            });
-        }
-        let room = self.max_model_len - prompt.len();
-        let max_tokens = match params.max_tokens {
-            Some(0) => {
-                return Err(EngineError::InvalidParam(
-                    "max_tokens must be at least 1".into(),
-                ))
-            }
-            Some(m) => m,
-            None => room,
-        };
-        if prompt.len() + max_tokens > self.max_model_len {
-            return Err(EngineError::ContextLength {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                max_model_len: self.max_model_len,
-            });
-        }
-        if let Some(r) = &params.resume {
-            if let Some(&t) = r
-                .output_token_ids
-                .iter()
-                .find(|&&t| t as usize >= self.vocab_size)
-            {
-                return Err(EngineError::InvalidParam(format!(
-                    "pagellm_resume.output_token_ids: token id {t} is outside the vocabulary of {}",
-                    self.vocab_size
-                )));
-            }
-            if r.output_token_ids.len() >= max_tokens {
-                return Err(EngineError::InvalidParam(format!(
-                    "pagellm_resume.output_token_ids: {} tokens leave no room under max_tokens {max_tokens}",
-                    r.output_token_ids.len()
-                )));
-            }
-        }
-        Ok(max_tokens)
-    }
-}
 
 /// Counters and gauges, in vLLM's terms.
 #[derive(Debug, Clone, Default)]
@@ -209,6 +112,8 @@ pub struct EngineCore {
     /// Where [`Self::deliver`] publishes the stats before sending updates, so a client
     /// that has seen an update reads gauges and counters that include it.
     published: Option<Arc<std::sync::Mutex<EngineStats>>>,
+    /// Where the dashboard's view of blocks and requests is published.
+    live: Option<LivePublisher>,
     next_seq: u64,
     stats: EngineStats,
     probe: Option<LogitsProbe>,
@@ -311,6 +216,7 @@ impl EngineCore {
             sinks: HashMap::new(),
             outbox: Vec::new(),
             published: None,
+            live: None,
             next_seq: 0,
             stats: EngineStats::default(),
             probe: None,
@@ -344,6 +250,13 @@ impl EngineCore {
         self.published = Some(to);
     }
 
+    /// Publishes a [`crate::live::LiveView`] into `to` after steps (rate limited).
+    pub fn publish_live(&mut self, to: LiveSlot) {
+        let mut live = LivePublisher::new(to);
+        live.after_step(&self.sched, self.stats.steps);
+        self.live = Some(live);
+    }
+
     /// Publishes the stats, then sends the updates made since the last call.
     fn deliver(&mut self) {
         if let Some(to) = &self.published {
@@ -351,6 +264,9 @@ impl EngineCore {
             if let Ok(mut g) = to.lock() {
                 *g = s;
             }
+        }
+        if let Some(live) = &mut self.live {
+            live.after_step(&self.sched, self.stats.steps);
         }
         for (sink, out) in self.outbox.drain(..) {
             // A receiver that went away is noticed by the next step.

@@ -42,6 +42,7 @@ pub struct Engine {
     model: Arc<LoadedModel>,
     next_id: AtomicU64,
     stats: Arc<Mutex<EngineStats>>,
+    live: crate::live::LiveSlot,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Submitted and not yet admitted (see `max_waiting_requests`).
     queued: Arc<AtomicUsize>,
@@ -203,6 +204,8 @@ impl Engine {
         // The core publishes its stats here before it sends each batch of updates.
         let stats = Arc::new(Mutex::new(core.stats()));
         core.publish_stats(stats.clone());
+        let live: crate::live::LiveSlot = Default::default();
+        core.publish_live(live.clone());
         let queued2 = queued.clone();
         let (tx, rx) = mpsc::channel();
         let (kv_pub, kv_events) = crate::kv_events::channel();
@@ -216,6 +219,7 @@ impl Engine {
             model,
             next_id: AtomicU64::new(1),
             stats,
+            live,
             thread: Mutex::new(Some(thread)),
             queued,
             max_waiting: config.max_waiting_requests,
@@ -334,6 +338,11 @@ impl Engine {
     /// The counters as of the last step.
     pub fn stats(&self) -> EngineStats {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The engine's blocks and requests as of a recent step (see [`crate::live`]).
+    pub fn live(&self) -> Arc<crate::live::LiveView> {
+        self.live.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// Aborts everything and stops the thread.

@@ -17,6 +17,8 @@ pub mod error;
 pub mod generate;
 pub mod kv_cache;
 pub mod kv_events;
+mod limits;
+pub mod live;
 pub mod logprobs;
 pub mod metrics;
 pub mod request;
@@ -30,6 +32,7 @@ pub use crate::core::{
 };
 pub use crate::engine::{Engine, RequestStream};
 pub use crate::error::EngineError;
+pub use crate::live::{LiveRequest, LiveView, Phase};
 pub use crate::logprobs::{TokenLogprobs, MAX_LOGPROBS};
 pub use crate::metrics::{Histogram, LatencyHistograms};
 pub use crate::request::{FinishReason, RequestId, RequestParams, Resume, StopReason, Usage};

@@ -113,6 +113,11 @@ impl Scheduler {
         &self.running
     }
 
+    /// Waiting requests in serving order.
+    pub fn waiting(&self) -> &[RequestId] {
+        &self.waiting
+    }
+
     pub fn has_unfinished(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }

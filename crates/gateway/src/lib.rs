@@ -269,6 +269,16 @@ pub async fn serve(
     gw: Arc<Gateway>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Only this wrapper is generic: the server stack below is compiled once, here, not
+    // again in every crate that calls `serve` with its own shutdown future.
+    serve_until(listener, gw, Box::pin(shutdown)).await
+}
+
+async fn serve_until(
+    listener: tokio::net::TcpListener,
+    gw: Arc<Gateway>,
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         let gw = gw.clone();

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP server: `/v1/completions`, `/v1/chat/completions` (plain
 //! and streamed as server-sent events), `/v1/models`, `/tokenize`, `/detokenize`,
-//! `/metrics` (Prometheus, vLLM's names), `/health`, `/version`.
+//! `/metrics` (Prometheus, vLLM's names), `/health`, `/version`, and a dashboard at `/`
+//! fed by `/dashboard/events` (see [`dashboard`]).
 //!
 //! Handlers tokenize and render chat templates on the async runtime's threads and hand
 //! token ids to the [`Engine`], whose thread never waits on a socket. Each request's
@@ -11,6 +12,7 @@
 //! called, `/health` answers 503 and the API refuses requests with 503.
 
 mod api;
+mod dashboard;
 pub mod error;
 mod kv_events;
 mod metrics;
@@ -109,6 +111,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/health", get(health))
         .route("/version", get(api::version))
+        .merge(dashboard::routes())
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found(format!("no such endpoint: {}", uri.path()), None)
         })
@@ -128,6 +131,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    // Only this wrapper is generic: the server stack below is compiled once, here, not
+    // again in every crate that calls `serve` with its own shutdown future.
+    serve_until(listener, state, Box::pin(shutdown), grace).await
+}
+
+async fn serve_until(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     grace: Duration,
 ) -> std::io::Result<()> {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();

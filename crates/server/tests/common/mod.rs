@@ -102,6 +102,32 @@ impl TestServer {
         (r.status().as_u16(), r.text().unwrap())
     }
 
+    /// The first `n` frames of an endless event stream such as `/dashboard/events`,
+    /// parsed as JSON; or the status when it is not 200.
+    pub fn frames(&self, path: &str, n: usize) -> Result<Vec<Value>, u16> {
+        use std::io::Read;
+        let mut r = Self::client().get(format!("{}{path}", self.url));
+        if let Some(k) = &self.key {
+            r = r.bearer_auth(k);
+        }
+        let mut r = r.send().unwrap();
+        if r.status() != 200 {
+            return Err(r.status().as_u16());
+        }
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        while text.matches("\n\n").count() < n {
+            let k = r.read(&mut buf).unwrap();
+            assert!(k > 0, "the stream ended after {text}");
+            text.push_str(std::str::from_utf8(&buf[..k]).unwrap());
+        }
+        Ok(sse_events(&text)
+            .iter()
+            .take(n)
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect())
+    }
+
     /// One sample of `/metrics`: `vllm:num_requests_running` or a name with labels.
     pub fn metric(&self, name: &str) -> f64 {
         let (_, text) = self.get("/metrics");

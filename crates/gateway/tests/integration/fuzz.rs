@@ -6,13 +6,11 @@
 //! neighbour request running all along must keep its text, and afterwards nothing is
 //! left in flight anywhere.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};

@@ -1,14 +1,12 @@
 //! The gateway end to end: real pagellm replicas on the tiny checkpoint and scripted
 //! upstreams on loopback, reached through the gateway's HTTP API.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use axum::response::IntoResponse;
-use common::*;
 use serde_json::{json, Value};
 
 fn completion(prompt: &str, max_tokens: u32) -> Value {

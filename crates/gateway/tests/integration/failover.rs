@@ -1,10 +1,8 @@
 //! Streams that outlive their replica, and routing by the replicas' own KV events.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 

@@ -2,12 +2,10 @@
 //! loopback port chosen by the OS, driven with an ordinary HTTP client: real text,
 //! concurrent streams, clients that disconnect, and shutdown.
 
-mod common;
-
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{completion_stream_text, sse_chunks, sse_events, TestServer};
+use crate::common::{completion_stream_text, sse_chunks, sse_events, TestServer};
 use pagellm_engine::{Engine, EngineConfig};
 use pagellm_model::loader::{load_gguf, LoadedModel};
 use pagellm_model::registry;

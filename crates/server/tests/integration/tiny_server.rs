@@ -2,13 +2,11 @@
 //! checkpoint of two layers with a 40-character tokenizer), on a loopback port
 //! chosen by the OS: every endpoint, the error contract, loading and overload.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{completion_stream_text, sse_chunks, TestServer};
+use crate::common::{completion_stream_text, sse_chunks, TestServer};
 use pagellm_engine::{Engine, EngineConfig};
 use pagellm_model::loader::load_model;
 use pagellm_server::{AppState, ServerConfig};
@@ -78,8 +76,13 @@ fn health_is_503_until_the_model_is_loaded() {
         None,
     );
     assert!(m.contains("loading"), "{m}");
-    // /metrics answers while loading, with zeros.
+    // /metrics answers while loading, with zeros; the dashboard's stream says so.
     assert_eq!(srv.metric("vllm:num_requests_running"), 0.0);
+    let f = srv.frames("/dashboard/events", 1).unwrap();
+    assert_eq!(
+        (&f[0]["loading"], &f[0]["model"]),
+        (&json!(true), &json!(NAME))
+    );
     let dir = tiny_dir();
     state.set_engine(engine(dir.path(), None));
     assert_eq!(srv.get("/health").0, 200);
@@ -301,4 +304,62 @@ fn models_tokenize_detokenize_version() {
     let (s, t) = srv.get("/version");
     assert_eq!(s, 200);
     assert!(t.contains(env!("CARGO_PKG_VERSION")), "{t}");
+}
+
+#[test]
+fn dashboard_page_and_its_live_stream() {
+    let (_dir, srv) = start(None);
+    let (s, html) = srv.get("/");
+    assert_eq!(s, 200);
+    assert!(html.contains("<title>pagellm</title>") && html.contains("/dashboard/app.js"));
+    for (path, kind) in [
+        ("/dashboard/app.js", "text/javascript"),
+        ("/dashboard/style.css", "text/css"),
+    ] {
+        let r = TestServer::client()
+            .get(format!("{}{path}", srv.url))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with(kind), "{path}: {ct}");
+        assert!(r.text().unwrap().len() > 1000, "{path}");
+    }
+    // Like the API, the stream wants the key (the page itself is public).
+    let r = TestServer::client()
+        .get(format!("{}/dashboard/events", srv.url))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    let limits = srv.state.loaded_engine().unwrap().limits();
+    let idle = &srv.frames("/dashboard/events", 1).unwrap()[0];
+    assert_eq!(idle["model"], NAME);
+    assert_eq!(idle["block_size"], limits.block_size);
+    let map = idle["blocks"].as_str().unwrap();
+    assert_eq!(map.len(), limits.num_blocks);
+    assert!(map.chars().all(|c| c == '.'), "{map}");
+    assert_eq!(idle["requests"], json!([]));
+    assert_eq!(idle["stats"]["generation_tokens"], 0);
+
+    // The full blocks of the request's computed tokens (all but the last sampled one)
+    // stay cached after it ends.
+    let prompt = "abcdefghij".repeat(4);
+    let (s, v) = srv.post_json(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let after = &srv.frames("/dashboard/events", 1).unwrap()[0];
+    let st = &after["stats"];
+    assert_eq!(st["generation_tokens"], 5, "{after}");
+    assert_eq!(st["prompt_tokens"], v["usage"]["prompt_tokens"]);
+    assert_eq!((&st["ttft_count"], &st["finished"]), (&json!(1), &json!(1)));
+    let map = after["blocks"].as_str().unwrap();
+    let computed = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize + 5 - 1;
+    let full = computed / limits.block_size;
+    assert!(full >= 2);
+    assert_eq!(map.chars().filter(|&c| c == 'c').count(), full, "{map}");
+    assert!(!map.contains(['u', 's']), "{map}");
+    assert!(after["step"].as_u64().unwrap() >= 5);
 }

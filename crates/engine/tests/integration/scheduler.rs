@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use pagellm_engine::kv_cache::KvCacheManager;
+use pagellm_engine::live::{LiveView, Phase};
 use pagellm_engine::request::{Request, RequestId, RequestParams};
 use pagellm_engine::scheduler::{Scheduler, SchedulerOutput};
 use pagellm_engine::{EngineError, EngineLimits, Policy, SchedulerConfig};
@@ -94,6 +95,7 @@ impl Sim {
                 "request {id} computed more tokens than its blocks hold"
             );
         }
+        self.check_live_view();
         if let Some(p) = plan {
             assert!(
                 p.num_tokens() <= self.s.config.max_num_batched_tokens,
@@ -107,6 +109,47 @@ impl Sim {
             );
             assert!(p.scheduled.iter().all(|s| s.1 > 0));
         }
+    }
+}
+
+impl Sim {
+    /// The dashboard's view agrees with the scheduler: each block's letter follows from
+    /// how many block tables hold it, each request's table and phase are its own.
+    fn check_live_view(&self) -> LiveView {
+        let v = LiveView::build(&self.s, 0, Instant::now());
+        let pool = self.s.kv.pool();
+        assert_eq!(v.blocks.len(), pool.num_blocks());
+        assert_eq!(
+            v.requests.len(),
+            self.s.num_running() + self.s.num_waiting()
+        );
+        let mut holders = vec![0usize; pool.num_blocks()];
+        for (i, r) in v.requests.iter().enumerate() {
+            assert_eq!(r.blocks, self.s.kv.blocks(r.id), "request {}", r.id);
+            for &b in &r.blocks {
+                holders[b as usize] += 1;
+            }
+            let running = i < self.s.num_running();
+            assert_eq!(running, self.s.running().contains(&r.id));
+            let req = &self.s.requests[&r.id];
+            let phase = match (running, req.num_computed_tokens + 1 < req.num_tokens()) {
+                (true, true) => Phase::Prefill,
+                (true, false) => Phase::Decode,
+                (false, _) if req.num_preemptions > 0 => Phase::Preempted,
+                (false, _) => Phase::Waiting,
+            };
+            assert_eq!(r.phase, phase, "request {}", r.id);
+        }
+        for (b, code) in v.blocks.chars().enumerate() {
+            let want = match holders[b] {
+                0 if pool.is_cached(b as u32) => 'c',
+                0 => '.',
+                1 => 'u',
+                _ => 's',
+            };
+            assert_eq!(code, want, "block {b}");
+        }
+        v
     }
 }
 
@@ -387,4 +430,41 @@ fn requests_that_can_never_fit_are_rejected_at_submission() {
         limits.validate(&[1; 100], &params(None)),
         Err(EngineError::ContextLength { .. })
     ));
+}
+
+#[test]
+fn live_view_shows_phases_shared_prefixes_and_cached_blocks() {
+    let mut sim = Sim::new(32, 4, 8, 4, true, Policy::Fcfs);
+    let prefix: Vec<u32> = (1..=12).collect();
+    let a = sim.add([&prefix[..], &[50, 51]].concat(), 8, 0);
+    let v = sim.check_live_view();
+    assert!(v.blocks.chars().all(|c| c == '.'));
+    assert_eq!(v.requests[0].phase, Phase::Waiting);
+    let mut phases = HashSet::new();
+    let mut max_shared = 0;
+    let mut b = None;
+    for step in 0..40 {
+        // The second request, with the same three-block prefix, arrives once the first
+        // has computed and cached it.
+        if step == 3 {
+            b = Some(sim.add([&prefix[..], &[60, 61, 62]].concat(), 8, 0));
+        }
+        sim.step();
+        let v = sim.check_live_view();
+        phases.extend(v.requests.iter().map(|r| r.phase));
+        max_shared = max_shared.max(v.blocks.chars().filter(|&c| c == 's').count());
+        if !sim.s.has_unfinished() {
+            break;
+        }
+    }
+    assert!(
+        b.is_some() && !sim.s.has_unfinished(),
+        "{a} and {b:?} did not finish"
+    );
+    assert!(phases.contains(&Phase::Prefill) && phases.contains(&Phase::Decode));
+    assert_eq!(max_shared, 3, "the common prefix's three blocks are shared");
+    let v = sim.check_live_view();
+    assert!(v.requests.is_empty());
+    assert!(!v.blocks.contains(['u', 's']));
+    assert!(v.blocks.chars().filter(|&c| c == 'c').count() >= 3);
 }

@@ -3,12 +3,10 @@
 //! survives a restart (SQLite), and one limit shared by two gateways (a real
 //! `redis-server`, which `.ci/run` installs).
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const MASTER: &str = "sk-master-1234";

@@ -1,0 +1,103 @@
+//! The limits a request is checked against before it is queued.
+
+use crate::error::EngineError;
+use crate::request::RequestParams;
+
+/// Limits a request is checked against before it is queued.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineLimits {
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+impl EngineLimits {
+    /// Checks a request and returns its effective output limit. A request that could
+    /// never run is rejected here rather than left waiting.
+    pub fn validate(&self, prompt: &[u32], params: &RequestParams) -> Result<usize, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::TokenOutOfVocab {
+                token: t,
+                vocab_size: self.vocab_size,
+            });
+        }
+        params.sampling.validate()?;
+        if let Some(k) = params
+            .logprobs
+            .filter(|&k| k > crate::logprobs::MAX_LOGPROBS)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "logprobs: at most {} alternatives per token, got {k}",
+                crate::logprobs::MAX_LOGPROBS
+            )));
+        }
+        if let Some(&(t, _)) = params
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|&&(t, _)| t as usize >= self.vocab_size)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "logit_bias: token id {t} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
+        if let Some(&t) = params
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.vocab_size)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "stop_token_ids: token id {t} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
+        if prompt.len() >= self.max_model_len {
+            return Err(EngineError::ContextLength {
+                prompt_tokens: prompt.len(),
+                max_tokens: params.max_tokens.unwrap_or(1),
+                max_model_len: self.max_model_len,
+            });
+        }
+        let room = self.max_model_len - prompt.len();
+        let max_tokens = match params.max_tokens {
+            Some(0) => {
+                return Err(EngineError::InvalidParam(
+                    "max_tokens must be at least 1".into(),
+                ))
+            }
+            Some(m) => m,
+            None => room,
+        };
+        if prompt.len() + max_tokens > self.max_model_len {
+            return Err(EngineError::ContextLength {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        if let Some(r) = &params.resume {
+            if let Some(&t) = r
+                .output_token_ids
+                .iter()
+                .find(|&&t| t as usize >= self.vocab_size)
+            {
+                return Err(EngineError::InvalidParam(format!(
+                    "pagellm_resume.output_token_ids: token id {t} is outside the vocabulary of {}",
+                    self.vocab_size
+                )));
+            }
+            if r.output_token_ids.len() >= max_tokens {
+                return Err(EngineError::InvalidParam(format!(
+                    "pagellm_resume.output_token_ids: {} tokens leave no room under max_tokens {max_tokens}",
+                    r.output_token_ids.len()
+                )));
+            }
+        }
+        Ok(max_tokens)
+    }
+}

@@ -1,0 +1,9 @@
+//! The gateway's integration tests, built as one test binary: each file is a module,
+//! so the crate and its dependencies are compiled and linked once, not once per file.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod failover;
+mod fuzz;
+mod gateway;
+mod keys;
