@@ -10,7 +10,7 @@ For each model given, starts the server and checks that
   choice lists are one of the choices (vLLM's older `guided_choice`), both temperatures;
 - `json_object` gives a JSON object, and a GBNF grammar is followed;
 - a schema, regex or grammar that does not compile is answered 400 naming it, and a
-  field the server cannot honour (`prompt_logprobs`, `suffix`) is refused, not ignored.
+  field the server cannot honour (`best_of`, `suffix`) is refused, not ignored.
 
 Requests run 16 at a time, so constrained requests share batches. Prints one line per
 failure and a summary per model; exits non-zero if anything failed.
@@ -202,7 +202,7 @@ def refusals(client: openai.OpenAI, model: str) -> list:
         ("guided_grammar", dict(extra_body={"guided_grammar": "root ::= undefined-rule"})),
         ("guided_choice", dict(extra_body={"guided_choice": []})),
         ("response_format", dict(response_format={"type": "yaml"})),
-        ("prompt_logprobs", dict(extra_body={"prompt_logprobs": 1})),
+        ("best_of", dict(extra_body={"best_of": 2})),
         ("suffix", dict(extra_body={"suffix": "!"})),
     ]
     fails = []

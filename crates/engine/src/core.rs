@@ -41,6 +41,9 @@ pub struct RequestOutput {
     pub time: Instant,
     /// One entry per token in `token_ids` when the request asked for logprobs.
     pub logprobs: Vec<TokenLogprobs>,
+    /// With `prompt_logprobs`, on the first update: one entry per prompt token after
+    /// the first.
+    pub prompt_logprobs: Vec<TokenLogprobs>,
     pub finish: Option<FinishInfo>,
 }
 
@@ -407,7 +410,7 @@ impl EngineCore {
         self.stats.kv_slots_used += used as u64;
         self.stats.kv_slots_allocated += allocated as u64;
 
-        let rows = self.build_batch(&plan);
+        let (rows, prompt_rows) = self.build_batch(&plan);
         // Structured outputs: the token masks of the guided requests that sample this
         // step are computed on a helper thread while the forward pass runs, so neither
         // waits for the other and unguided requests never wait for a mask.
@@ -461,7 +464,12 @@ impl EngineCore {
         let vocab = self.limits.vocab_size;
         for (i, &(id, n)) in plan.scheduled.iter().enumerate() {
             let req = self.sched.requests.get_mut(&id).expect("scheduled request");
+            let start = req.num_computed_tokens;
             req.num_computed_tokens += n;
+            if let Some(first) = prompt_rows[i] {
+                let chunk = &self.ws.logits[first * vocab..(first + n) * vocab];
+                record_prompt_logprobs(req, chunk, vocab, start);
+            }
             let Some(row) = rows[i] else { continue };
             let logits = &mut self.ws.logits[row * vocab..(row + 1) * vocab];
             if let Some(p) = self.probe.as_mut() {
@@ -501,6 +509,7 @@ impl EngineCore {
             let logprobs = pre.zip(raw).map(|((top, log_z), raw)| TokenLogprobs {
                 token: tok,
                 logprob: raw[tok as usize] - log_z,
+                rank: 1 + raw.iter().filter(|&&x| x > raw[tok as usize]).count(),
                 top,
             });
             if let Some(fid) = self.on_token(id, tok, logprobs, now) {
@@ -510,28 +519,36 @@ impl EngineCore {
         report
     }
 
-    /// Fills the batch from the plan; returns each scheduled request's logits row.
-    fn build_batch(&mut self, plan: &SchedulerOutput) -> Vec<Option<usize>> {
+    /// Fills the batch from the plan; returns each scheduled request's sampling row and,
+    /// for a chunk whose logits rows give prompt logprobs, the row of its first token.
+    fn build_batch(&mut self, plan: &SchedulerOutput) -> (Vec<Option<usize>>, Vec<Option<usize>>) {
         self.batch.clear();
         let mut rows = Vec::with_capacity(plan.scheduled.len());
+        let mut prompt_rows = Vec::with_capacity(plan.scheduled.len());
         let mut next_row = 0;
         for &(id, n) in &plan.scheduled {
             let r = &self.sched.requests[&id];
             let start = r.num_computed_tokens;
             let samples = start + n == r.num_tokens();
+            // Every position before the prompt's last predicts a prompt token.
+            let all = r.params.prompt_logprobs.is_some() && start + 1 < r.prompt_len;
+            let (logits, count) = match (all, samples) {
+                (true, _) => (Logits::All, n),
+                (false, true) => (Logits::Last, 1),
+                (false, false) => (Logits::None, 0),
+            };
             self.batch.push(
                 &r.tokens[start..start + n],
                 start,
                 r.decode_from(),
                 self.sched.kv.blocks(id),
-                if samples { Logits::Last } else { Logits::None },
+                logits,
             );
-            rows.push(samples.then(|| {
-                next_row += 1;
-                next_row - 1
-            }));
+            prompt_rows.push(all.then_some(next_row));
+            rows.push(samples.then_some(next_row + count - 1));
+            next_row += count;
         }
-        rows
+        (rows, prompt_rows)
     }
 
     fn slot_usage(&self, plan: &SchedulerOutput) -> (usize, usize) {
@@ -605,6 +622,7 @@ impl EngineCore {
                     text,
                     time: now,
                     logprobs: logprobs.into_iter().collect(),
+                    prompt_logprobs: std::mem::take(&mut req.prompt_logprobs),
                     finish: None,
                 };
                 match self.sinks.get(&id) {
@@ -699,6 +717,7 @@ impl EngineCore {
                     text,
                     time: now,
                     logprobs,
+                    prompt_logprobs: std::mem::take(&mut req.prompt_logprobs),
                     finish: Some(FinishInfo {
                         reason,
                         stop_reason,
@@ -710,5 +729,26 @@ impl EngineCore {
                 },
             ));
         }
+    }
+}
+
+/// Records the logprobs of the prompt tokens that a chunk's logits rows predict: the row
+/// of position `start + j` gives the token at `start + j + 1`.
+fn record_prompt_logprobs(req: &mut Request, rows: &[f32], vocab: usize, start: usize) {
+    let Some(k) = req.params.prompt_logprobs else {
+        return;
+    };
+    for (j, row) in rows.chunks_exact(vocab).enumerate() {
+        let target = start + j + 1;
+        if target >= req.prompt_len {
+            break;
+        }
+        // Known already when this is a recomputation after a preemption.
+        if target <= req.num_prompt_logprobs {
+            continue;
+        }
+        let ls = LogSoftmax::new(row);
+        req.prompt_logprobs.push(ls.token(req.tokens[target], k));
+        req.num_prompt_logprobs = target;
     }
 }

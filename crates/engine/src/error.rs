@@ -5,9 +5,12 @@ use crate::sampler::SamplingError;
 /// Why the engine refused a request or a configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("the prompt is empty")]
+    // vLLM's wording, which clients match on.
+    #[error("The prompt is empty. Either prompt or prompt_embeds must be provided and non-empty.")]
     EmptyPrompt,
-    #[error("prompt token id {token} is outside the vocabulary of {vocab_size}")]
+    #[error(
+        "prompt token id {token} is out of vocabulary (the vocabulary has {vocab_size} tokens)"
+    )]
     TokenOutOfVocab { token: u32, vocab_size: usize },
     #[error(
         "this request needs {prompt_tokens} prompt tokens plus max_tokens {max_tokens}, \

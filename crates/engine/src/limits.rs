@@ -26,14 +26,16 @@ impl EngineLimits {
             });
         }
         params.sampling.validate()?;
-        if let Some(k) = params
-            .logprobs
-            .filter(|&k| k > crate::logprobs::MAX_LOGPROBS)
-        {
-            return Err(EngineError::InvalidParam(format!(
-                "logprobs: at most {} alternatives per token, got {k}",
-                crate::logprobs::MAX_LOGPROBS
-            )));
+        for (name, k) in [
+            ("logprobs", params.logprobs),
+            ("prompt_logprobs", params.prompt_logprobs),
+        ] {
+            if let Some(k) = k.filter(|&k| k > crate::logprobs::MAX_LOGPROBS) {
+                return Err(EngineError::InvalidParam(format!(
+                    "{name}: at most {} alternatives per token, got {k}",
+                    crate::logprobs::MAX_LOGPROBS
+                )));
+            }
         }
         if let Some(&(t, _)) = params
             .sampling

@@ -12,6 +12,8 @@ pub const MAX_LOGPROBS: usize = 20;
 pub struct TokenLogprobs {
     pub token: u32,
     pub logprob: f32,
+    /// 1 for the most likely token (vLLM's rank; ties share the better rank).
+    pub rank: usize,
     /// Most likely first; ties go to the lower token id.
     pub top: Vec<(u32, f32)>,
 }
@@ -62,10 +64,17 @@ impl<'a> LogSoftmax<'a> {
         head.into_iter().map(|(t, l)| (t, l - self.log_z)).collect()
     }
 
+    /// 1 + how many tokens are strictly more likely than `token`.
+    pub fn rank(&self, token: u32) -> usize {
+        let l = self.logits[token as usize];
+        1 + self.logits.iter().filter(|&&x| x > l).count()
+    }
+
     pub fn token(&self, token: u32, k: usize) -> TokenLogprobs {
         TokenLogprobs {
             token,
             logprob: self.logprob(token),
+            rank: self.rank(token),
             top: self.top(k),
         }
     }
@@ -89,5 +98,6 @@ mod tests {
         assert!(ls.top(0).is_empty());
         let t = ls.token(4, 1);
         assert!(t.logprob < top[2].1 && t.top == vec![top[0]]);
+        assert_eq!((t.rank, ls.rank(1), ls.rank(3), ls.rank(2)), (5, 1, 1, 3));
     }
 }

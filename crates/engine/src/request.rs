@@ -14,6 +14,10 @@ use pagellm_structured::Guide;
 
 pub type RequestId = u64;
 
+/// Most prompt tokens a request with `prompt_logprobs` computes in one step: each
+/// needs a logits row (vocabulary × 4 bytes).
+pub const PROMPT_LOGPROBS_CHUNK: usize = 256;
+
 /// What a client asks for.
 #[derive(Debug, Clone)]
 pub struct RequestParams {
@@ -38,6 +42,11 @@ pub struct RequestParams {
     /// Return each sampled token's log-probability and this many alternatives
     /// (at most [`crate::logprobs::MAX_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// Return the log-probability of every prompt token after the first, with its rank
+    /// and this many alternatives (vLLM's `prompt_logprobs`). Such a request computes
+    /// its whole prompt: it takes nothing from the prefix cache, and its prompt runs in
+    /// chunks of at most [`PROMPT_LOGPROBS_CHUNK`] tokens, whose logits rows it needs.
+    pub prompt_logprobs: Option<usize>,
     /// Continue a request another engine started (see [`Resume`]).
     pub resume: Option<Resume>,
     /// Structured output: the tokens allowed at each step (a JSON schema, regex, choice
@@ -71,6 +80,7 @@ impl Default for RequestParams {
             cache_salt: None,
             detokenize: true,
             logprobs: None,
+            prompt_logprobs: None,
             resume: None,
             guide: None,
         }
@@ -177,6 +187,11 @@ pub struct Request {
     pub block_hashes: Vec<BlockHash>,
     pub sampler: Sampler,
     pub detok: Detokenizer,
+    /// Prompt logprobs computed and not yet sent (they go with the first output).
+    pub prompt_logprobs: Vec<crate::logprobs::TokenLogprobs>,
+    /// Prompt tokens whose logprob is known, sent or not: a recomputation after a
+    /// preemption skips them.
+    pub num_prompt_logprobs: usize,
     /// Order of arrival, for fcfs and tie-breaking.
     pub seq: u64,
 }
@@ -220,6 +235,8 @@ impl Request {
             block_hashes: Vec::new(),
             sampler,
             detok: Detokenizer::new(params.stop.clone()),
+            prompt_logprobs: Vec::new(),
+            num_prompt_logprobs: 0,
             seq,
             params,
         })
@@ -250,6 +267,16 @@ impl Request {
             0
         } else {
             self.prompt_len
+        }
+    }
+
+    /// Most tokens to compute in one step: unlimited, except while a request that wants
+    /// prompt logprobs is in its prompt.
+    pub fn max_chunk(&self) -> usize {
+        if self.params.prompt_logprobs.is_some() && self.num_computed_tokens + 1 < self.prompt_len {
+            PROMPT_LOGPROBS_CHUNK
+        } else {
+            usize::MAX
         }
     }
 

@@ -194,7 +194,9 @@ impl Scheduler {
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let r = &self.requests[&id];
-            let n = (r.num_tokens() - r.num_computed_tokens).min(budget);
+            let n = (r.num_tokens() - r.num_computed_tokens)
+                .min(budget)
+                .min(r.max_chunk());
             if n == 0 {
                 i += 1;
                 continue;
@@ -238,12 +240,17 @@ impl Scheduler {
                 let id = self.waiting[wi];
                 let r = &self.requests[&id];
                 let first_time = r.num_cached_tokens.is_none();
-                let computed = self.kv.get_computed_blocks(&r.block_hashes, r.num_tokens());
+                // Prompt logprobs need the logits of every prompt position.
+                let computed = if r.params.prompt_logprobs.is_some() {
+                    ComputedBlocks::default()
+                } else {
+                    self.kv.get_computed_blocks(&r.block_hashes, r.num_tokens())
+                };
                 let remaining = r.num_tokens() - computed.num_tokens;
                 if !self.config.enable_chunked_prefill && remaining > budget {
                     break;
                 }
-                let n = remaining.min(budget);
+                let n = remaining.min(budget).min(r.max_chunk());
                 if !self.kv.allocate_slots(id, 0, &computed, n, &r.block_hashes) {
                     break;
                 }

@@ -64,6 +64,9 @@ struct Outcome {
     text: String,
     /// Hash of each logits row's bits, in sampling order.
     logits: Vec<u64>,
+    /// Of the sampled tokens, when asked for.
+    logprobs: Vec<pagellm_engine::TokenLogprobs>,
+    prompt_logprobs: Vec<pagellm_engine::TokenLogprobs>,
     finish: FinishInfo,
 }
 
@@ -115,6 +118,8 @@ fn run_on(
     let mut toks: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut text = vec![String::new(); n];
     let mut fin: Vec<Option<FinishInfo>> = vec![None; n];
+    let mut plps = vec![Vec::new(); n];
+    let mut lps = vec![Vec::new(); n];
     let mut steps = 0;
     while fin.iter().any(Option::is_none) {
         core.step();
@@ -123,6 +128,8 @@ fn run_on(
             let i = o.request_id as usize;
             toks[i].extend(&o.token_ids);
             text[i].push_str(&o.text);
+            plps[i].extend(o.prompt_logprobs);
+            lps[i].extend(o.logprobs);
             if let Some(f) = o.finish {
                 fin[i] = Some(f);
             }
@@ -141,6 +148,8 @@ fn run_on(
             tokens: toks[i].clone(),
             text: text[i].clone(),
             logits: logits.get(&(i as u64)).cloned().unwrap_or_default(),
+            logprobs: std::mem::take(&mut lps[i]),
+            prompt_logprobs: std::mem::take(&mut plps[i]),
             finish: fin[i].clone().unwrap(),
         })
         .collect();
@@ -649,5 +658,64 @@ fn every_kv_cache_dtype_serves_the_same_answer() {
             "{dtype}: {tokens} tokens against f16's {}",
             texts[0].2
         );
+    }
+}
+
+#[test]
+fn prompt_logprobs_are_what_each_prefix_predicts() {
+    let _g = serial();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Longer than one prompt-logprobs chunk, so a chunk boundary is crossed.
+    let prompt = random_prompt(&mut rng, 300);
+    let wants = RequestParams {
+        prompt_logprobs: Some(3),
+        ..greedy(2)
+    };
+    // The same prompt without prompt logprobs runs first and caches its blocks; the
+    // request that wants them must compute its whole prompt anyway.
+    let (out, _) = run_staggered(
+        &config(),
+        vec![(prompt.clone(), greedy(2)), (prompt.clone(), wants)],
+        1,
+    );
+    let got = &out[1].prompt_logprobs;
+    assert!(out[0].prompt_logprobs.is_empty());
+    assert_eq!(out[1].finish.usage.cached_prompt_tokens, 0);
+    assert_eq!(got.len(), prompt.len() - 1);
+    assert_eq!(out[1].tokens, out[0].tokens);
+    for (i, lp) in got.iter().enumerate() {
+        assert_eq!(lp.token, prompt[i + 1]);
+        assert_eq!(lp.top.len(), 3);
+        assert!(lp.rank >= 1 && lp.logprob <= lp.top[0].1 + 1e-6);
+        if lp.rank <= 3 {
+            assert_eq!(lp.top[lp.rank - 1].0, lp.token, "position {i}");
+        }
+    }
+    // Each checked position against a request whose prompt ends just before it: its
+    // first sampled token's logprobs come from the same logits.
+    let at = [1, 2, 100, 255, 256, 257, 299];
+    let reqs = at
+        .iter()
+        .map(|&i| {
+            let p = RequestParams {
+                logprobs: Some(3),
+                ..greedy(1)
+            };
+            (prompt[..i].to_vec(), p)
+        })
+        .collect();
+    let (refs, _) = run_all(&config(), reqs);
+    for (&i, r) in at.iter().zip(&refs) {
+        let want = &r.logprobs[0].top;
+        let lp = &got[i - 1];
+        assert_eq!(lp.top[0].0, want[0].0, "position {i}");
+        for (a, b) in lp.top.iter().zip(want) {
+            assert!(
+                (a.1 - b.1).abs() < 1e-3,
+                "position {i}: {:?} vs {:?}",
+                lp.top,
+                want
+            );
+        }
     }
 }

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::AppState;
 
 mod prompt;
+mod prompt_logprobs;
 mod stream;
 mod structured;
 mod tokenize;
@@ -183,6 +184,7 @@ fn params(
         cache_salt: req.cache_salt.clone(),
         detokenize: true,
         logprobs: logprobs(req, chat)?,
+        prompt_logprobs: prompt_logprobs::requested(req, chat)?,
         resume: req.pagellm_resume.as_ref().map(|r| pagellm_engine::Resume {
             output_token_ids: r.output_token_ids.clone(),
             text_offset: r.text_offset,
@@ -198,6 +200,18 @@ fn logit_bias(req: &GenRequest) -> Result<Vec<(u32, f32)>, ApiError> {
         return Ok(Vec::new());
     };
     let bad = |m: String| ApiError::bad_request(m, Some("logit_bias"));
+    // Every key that is not a token id is named, not just the first.
+    let not_ids: Vec<String> = m
+        .keys()
+        .filter(|k| k.parse::<u32>().is_err())
+        .map(|k| format!("`{k}`"))
+        .collect();
+    if !not_ids.is_empty() {
+        return Err(bad(format!(
+            "logit_bias keys must be token ids; not token ids: {}",
+            not_ids.join(", ")
+        )));
+    }
     m.iter()
         .map(|(k, v)| {
             let t = k
@@ -293,6 +307,7 @@ struct Choice {
     text: String,
     token_ids: Vec<u32>,
     logprobs: Vec<TokenLogprobs>,
+    prompt_logprobs: Vec<TokenLogprobs>,
     finish: FinishInfo,
 }
 
@@ -300,10 +315,12 @@ async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
     let mut text = String::new();
     let mut token_ids = Vec::new();
     let mut logprobs = Vec::new();
+    let mut prompt_logprobs = Vec::new();
     while let Some(o) = s.next().await {
         text.push_str(&o.text);
         token_ids.extend_from_slice(&o.token_ids);
         logprobs.extend(o.logprobs);
+        prompt_logprobs.extend(o.prompt_logprobs);
         if let Some(f) = o.finish {
             if let Some(e) = &f.error {
                 return Err(ApiError::internal(format!("generation failed: {e}")));
@@ -312,6 +329,7 @@ async fn collect(mut s: RequestStream) -> Result<Choice, ApiError> {
                 text,
                 token_ids,
                 logprobs,
+                prompt_logprobs,
                 finish: f,
             });
         }
@@ -333,10 +351,19 @@ pub(crate) enum Kind {
 pub(crate) struct LogprobsFormat<'a> {
     pub(crate) tokenizer: &'a Tokenizer,
     pub(crate) kind: Kind,
+    /// vLLM's `return_tokens_as_token_ids`: tokens are named `token_id:N`, which stays
+    /// exact for tokens that are not whole UTF-8 characters.
+    pub(crate) as_ids: bool,
 }
 
 impl LogprobsFormat<'_> {
-    fn piece(&self, t: u32) -> (String, Vec<u8>) {
+    /// A token's name in logprobs and its bytes.
+    pub(crate) fn piece(&self, t: u32) -> (String, Vec<u8>) {
+        if self.as_ids {
+            let s = format!("token_id:{t}");
+            let b = s.as_bytes().to_vec();
+            return (s, b);
+        }
         let b = self
             .tokenizer
             .token_to_piece(t)
@@ -367,26 +394,53 @@ impl LogprobsFormat<'_> {
                 json!({ "content": content })
             }
             Kind::Completion => {
-                let mut tokens = Vec::new();
-                let mut token_logprobs = Vec::new();
-                let mut top_logprobs = Vec::new();
-                let mut text_offset = Vec::new();
-                for lp in lps {
-                    let (token, _) = self.piece(lp.token);
-                    text_offset.push(*offset);
-                    *offset += token.chars().count();
-                    tokens.push(token);
-                    token_logprobs.push(lp.logprob);
-                    let mut top = serde_json::Map::new();
-                    for &(t, l) in &lp.top {
-                        top.insert(self.piece(t).0, json!(l));
-                    }
-                    top_logprobs.push(Value::Object(top));
-                }
-                json!({"tokens": tokens, "token_logprobs": token_logprobs,
-                       "top_logprobs": top_logprobs, "text_offset": text_offset})
+                self.completion_json(lps.iter().map(|lp| (lp.token, Some(lp))), offset)
             }
         }
+    }
+
+    /// The legacy completions format. A token without logprobs (the first of an echoed
+    /// prompt) has `null` in `token_logprobs` and `top_logprobs`. As in vLLM, a token's
+    /// `top_logprobs` map holds the token itself besides its alternatives.
+    fn completion_json<'a>(
+        &self,
+        items: impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)>,
+        offset: &mut usize,
+    ) -> Value {
+        let mut tokens = Vec::new();
+        let mut token_logprobs = Vec::new();
+        let mut top_logprobs = Vec::new();
+        let mut text_offset = Vec::new();
+        for (t, lp) in items {
+            let (token, _) = self.piece(t);
+            text_offset.push(*offset);
+            *offset += token.chars().count();
+            tokens.push(token);
+            token_logprobs.push(lp.map_or(Value::Null, |lp| json!(lp.logprob)));
+            top_logprobs.push(lp.map_or(Value::Null, |lp| {
+                let mut top = serde_json::Map::new();
+                top.insert(self.piece(lp.token).0, json!(lp.logprob));
+                for &(t, l) in &lp.top {
+                    top.entry(self.piece(t).0).or_insert_with(|| json!(l));
+                }
+                Value::Object(top)
+            }));
+        }
+        json!({"tokens": tokens, "token_logprobs": token_logprobs,
+               "top_logprobs": top_logprobs, "text_offset": text_offset})
+    }
+
+    /// Completions logprobs of an echoed prompt followed by the output.
+    fn echo_json(
+        &self,
+        prompt: &[u32],
+        prompt_lps: &[TokenLogprobs],
+        lps: &[TokenLogprobs],
+    ) -> Value {
+        let first = prompt.first().map(|&t| (t, None));
+        let rest = prompt_lps.iter().map(|lp| (lp.token, Some(lp)));
+        let out = lps.iter().map(|lp| (lp.token, Some(lp)));
+        self.completion_json(first.into_iter().chain(rest).chain(out), &mut 0)
     }
 }
 
@@ -429,10 +483,11 @@ async fn generate(
             Some("echo"),
         ));
     }
-    if echo && logprobs(&req, chat)?.is_some() {
+    let prompt_lps = prompt_logprobs::requested(&req, chat)?;
+    if req.stream_options.is_some() && req.stream != Some(true) {
         return Err(ApiError::bad_request(
-            "echo with logprobs needs the prompt's logprobs, which are not supported",
-            Some("echo"),
+            "stream_options can only be set when stream is true",
+            Some("stream_options"),
         ));
     }
     structured::check_fields(&req)?;
@@ -531,6 +586,7 @@ async fn generate(
                 prompt_ids: token_ids.then_some(prompts),
                 tools: tools.clone().filter(|t| t.parses()),
                 echo: echoed,
+                tokens_as_ids: req.return_tokens_as_token_ids == Some(true),
             },
         ));
     }
@@ -544,13 +600,16 @@ async fn generate(
     let fmt = LogprobsFormat {
         tokenizer: &engine.model().tokenizer,
         kind,
+        as_ids: req.return_tokens_as_token_ids == Some(true),
     };
     let want_logprobs = logprobs(&req, chat)?.is_some();
     let choices_json: Vec<Value> = choices
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let lp = if want_logprobs {
+            let lp = if want_logprobs && echo {
+                fmt.echo_json(&prompts[i / n], &c.prompt_logprobs, &c.logprobs)
+            } else if want_logprobs {
                 fmt.json(&c.logprobs, &mut 0)
             } else {
                 Value::Null
@@ -560,8 +619,11 @@ async fn generate(
                 "stop_reason": stop_reason_json(&c.finish.stop_reason),
             });
             if kind == Kind::Completion {
-                // vLLM always sends the field; prompt logprobs are refused above.
-                v["prompt_logprobs"] = Value::Null;
+                // vLLM always sends the field.
+                v["prompt_logprobs"] = match prompt_lps {
+                    Some(_) => prompt_logprobs::vllm_json(&fmt, &c.prompt_logprobs),
+                    None => Value::Null,
+                };
             }
             match kind {
                 Kind::Completion => {
@@ -582,12 +644,11 @@ async fn generate(
                 }
                 Kind::Chat => v["message"] = json!({"role": "assistant", "content": c.text}),
             }
-            if token_ids {
-                // With pagellm_resume, only the tokens generated here.
-                v["token_ids"] = json!(c.token_ids);
-                if kind == Kind::Completion {
-                    v["prompt_token_ids"] = json!(prompts[i / n]);
-                }
+            // vLLM sends these fields either way, null unless asked for.
+            // With pagellm_resume, `token_ids` are only the tokens generated here.
+            v["token_ids"] = if token_ids { json!(c.token_ids) } else { Value::Null };
+            if kind == Kind::Completion {
+                v["prompt_token_ids"] = if token_ids { json!(prompts[i / n]) } else { Value::Null };
             }
             v
         })
@@ -601,11 +662,18 @@ async fn generate(
         "usage": usage,
         "pagellm_timings": timings,
     });
-    if token_ids && kind == Kind::Chat {
-        body["prompt_token_ids"] = json!(prompts[0]);
+    if kind == Kind::Chat {
+        body["prompt_token_ids"] = if token_ids {
+            json!(prompts[0])
+        } else {
+            Value::Null
+        };
     }
     if kind == Kind::Chat {
-        body["prompt_logprobs"] = Value::Null;
+        body["prompt_logprobs"] = match prompt_lps {
+            Some(_) => prompt_logprobs::vllm_json(&fmt, &choices[0].prompt_logprobs),
+            None => Value::Null,
+        };
     }
     Ok(Json(body).into_response())
 }

@@ -21,10 +21,12 @@ pub(crate) fn completion_prompts(
     };
     let prompts = match p {
         None => {
+            // vLLM's wording, which clients match on.
             return Err(ApiError::bad_request(
-                "`prompt` is required",
+                "`prompt` is required. Either prompt or prompt_embeds must be provided and \
+                 non-empty.",
                 Some("prompt"),
-            ))
+            ));
         }
         Some(PromptInput::Text(s)) => vec![encode(s)?],
         Some(PromptInput::Texts(v)) => v.iter().map(|s| encode(s)).collect::<Result<_, _>>()?,

@@ -28,6 +28,8 @@ pub(crate) struct Shape {
     pub tools: Option<Tools>,
     /// With `echo`: each prompt's text, sent as its choices' first chunk.
     pub echo: Option<Vec<String>>,
+    /// `return_tokens_as_token_ids`.
+    pub tokens_as_ids: bool,
 }
 
 /// Streams every choice as server-sent events, ending with `data: [DONE]`.
@@ -45,6 +47,7 @@ pub(crate) fn stream_response(
         prompt_ids,
         tools,
         echo,
+        tokens_as_ids,
     } = shape;
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let created = now_s();
@@ -75,6 +78,7 @@ pub(crate) fn stream_response(
             let fmt = LogprobsFormat {
                 tokenizer: &engine.model().tokenizer,
                 kind,
+                as_ids: tokens_as_ids,
             };
             let mut offset = 0;
             // With tools: the text is passed on except open calls, each call is sent

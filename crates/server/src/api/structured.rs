@@ -12,7 +12,6 @@ use crate::error::ApiError;
 const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
-    "prompt_logprobs",
     "best_of",
     "suffix",
     "allowed_token_ids",

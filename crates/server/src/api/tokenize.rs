@@ -79,12 +79,15 @@ pub async fn tokenize(
             "max_model_len": engine.limits().max_model_len,
             "tokens": tokens,
         });
-        if req.return_token_strs {
-            v["token_strs"] = json!(tokens
+        // vLLM sends the field either way.
+        v["token_strs"] = if req.return_token_strs {
+            json!(tokens
                 .iter()
                 .map(|&t| tok.id_to_token(t).unwrap_or_default())
-                .collect::<Vec<_>>());
-        }
+                .collect::<Vec<_>>())
+        } else {
+            Value::Null
+        };
         Ok::<_, ApiError>(Json(v))
     })();
     r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)

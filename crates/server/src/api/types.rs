@@ -123,8 +123,12 @@ pub struct GenRequest {
     pub(crate) stream_options: Option<StreamOptions>,
     pub(crate) logprobs: Option<LogprobsInput>,
     pub(crate) top_logprobs: Option<i64>,
+    /// vLLM's: logprobs of the prompt tokens, with this many alternatives.
+    pub(crate) prompt_logprobs: Option<i64>,
     /// vLLM's: report token ids (prompt and output) alongside the text.
     pub(crate) return_token_ids: Option<bool>,
+    /// vLLM's: name tokens in logprobs `token_id:N` instead of by their text.
+    pub(crate) return_tokens_as_token_ids: Option<bool>,
     /// Continue a request another replica started (see `pagellm_engine::Resume`).
     pub(crate) pagellm_resume: Option<ResumeInput>,
     /// OpenAI's: token id (as a string) → bias added to its logit, in [-100, 100].

@@ -193,14 +193,14 @@ fn bad_input_gets_openai_errors_and_harms_nothing() {
         (r#"{"prompt": "ab", "top_p": 0}"#, "top_p"),
         (r#"{"prompt": "ab", "n": 17}"#, "n"),
         (r#"{"prompt": "ab", "logprobs": 21}"#, "logprobs"),
-        (r#"{"prompt": "ab", "echo": true, "logprobs": 1}"#, "echo"),
+        (r#"{"prompt": "ab", "best_of": 2}"#, "best_of"),
         (
             r#"{"prompt": "ab", "logit_bias": {"1": 101}}"#,
             "logit_bias",
         ),
         (r#"{"prompt": "ab", "guided_regex": "[a-"}"#, "guided_regex"),
         (
-            r#"{"prompt": "ab", "prompt_logprobs": 1}"#,
+            r#"{"prompt": "ab", "prompt_logprobs": 1, "stream": true}"#,
             "prompt_logprobs",
         ),
         (r#"{"prompt": []}"#, "prompt"),
@@ -362,4 +362,102 @@ fn dashboard_page_and_its_live_stream() {
     assert_eq!(map.chars().filter(|&c| c == 'c').count(), full, "{map}");
     assert!(!map.contains(['u', 's']), "{map}");
     assert!(after["step"].as_u64().unwrap() >= 5);
+}
+
+#[test]
+fn prompt_logprobs_and_echo_with_logprobs() {
+    let (_dir, srv) = start(None);
+    let (s, v) = srv.post_json(
+        "/v1/completions",
+        &json!({"prompt": "bad cab", "max_tokens": 3, "temperature": 0,
+                "prompt_logprobs": 2, "return_token_ids": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let ids = v["choices"][0]["prompt_token_ids"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let plp = v["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(plp.len(), ids.len());
+    assert!(plp[0].is_null());
+    for (i, entry) in plp.iter().enumerate().skip(1) {
+        let m = entry.as_object().unwrap();
+        // The prompt token itself, then the two most likely (one may be the same).
+        let own = &m[&ids[i].to_string()];
+        assert!((2..=3).contains(&m.len()), "{m:?}");
+        assert!(own["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(own["rank"].as_u64().unwrap() >= 1);
+        assert!(own["decoded_token"].is_string());
+        assert!(m.values().any(|e| e["rank"] == 1), "{m:?}");
+    }
+
+    // echo with logprobs: the prompt's tokens lead, the first without a logprob.
+    let (s, v) = srv.post_json(
+        "/v1/completions",
+        &json!({"prompt": "bad cab", "max_tokens": 3, "temperature": 0, "echo": true,
+                "logprobs": 1}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let n = ids.len() + 3;
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n, "{lp}");
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    for i in 1..n {
+        assert!(lp["token_logprobs"][i].as_f64().unwrap() <= 0.0);
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!((1..=2).contains(&top.len()), "{top:?}");
+    }
+    assert!(v["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("bad cab"));
+
+    // Chat: at the top level.
+    let (s, v) = srv.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "abcdef"}], "max_tokens": 2,
+                "prompt_logprobs": 0}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let plp = v["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(
+        plp.len() as u64,
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    // No alternatives: each map holds the prompt token alone.
+    assert!(plp[0].is_null() && plp[1..].iter().all(|m| m.as_object().unwrap().len() == 1));
+
+    for (body, param) in [
+        (
+            json!({"prompt": "ab", "prompt_logprobs": 1, "stream": true}),
+            "prompt_logprobs",
+        ),
+        (
+            json!({"prompt": "ab", "prompt_logprobs": -1}),
+            "prompt_logprobs",
+        ),
+        (
+            json!({"prompt": "ab", "prompt_logprobs": -2}),
+            "prompt_logprobs",
+        ),
+        (
+            json!({"prompt": "ab", "prompt_logprobs": 21}),
+            "prompt_logprobs",
+        ),
+        (
+            json!({"prompt": "ab", "prompt_logprobs": "1"}),
+            "prompt_logprobs",
+        ),
+        (
+            json!({"prompt": "ab", "echo": true, "logprobs": 1, "stream": true}),
+            "echo",
+        ),
+    ] {
+        assert_error(
+            srv.post("/v1/completions", &body.to_string()),
+            400,
+            "invalid_request_error",
+            Some(param),
+        );
+    }
 }

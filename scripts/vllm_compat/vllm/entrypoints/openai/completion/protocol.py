@@ -1,0 +1,3 @@
+from vllm import _unavailable
+
+CompletionRequest = _unavailable("vllm...completion.protocol.CompletionRequest")

@@ -1,0 +1,3 @@
+from vllm import _unavailable
+
+SamplingParams = _unavailable("vllm.sampling_params.SamplingParams")
