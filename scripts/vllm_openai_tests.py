@@ -143,8 +143,10 @@ SUBSTITUTIONS: list[tuple[str, str, str, str]] = [
 
 # Failing test id -> reason; a failure listed here does not fail the run.
 EXPECTED_FAILURES: dict[str, str] = {
+    'entrypoints/openai/chat_completion/test_chat.py::test_structured_outputs_regex_chat':
+        'model-specific and random: the stand-in smollm2-135m, sampling at the default temperature, sometimes repeats the same address when asked for a different one (the regex itself is always matched)',
     'entrypoints/openai/test_return_tokens_as_ids.py::test_completion_return_tokens_as_token_ids_completion[False]':
-        'reads the first key of each top_logprobs map as the chosen token; pagellm writes JSON object keys in sorted order, so the first key is the lowest token id',
+        'reads the first key of each top_logprobs map as the chosen token; pagellm writes JSON object keys in sorted order, so this fails whenever a chosen token is not the most likely one and its id sorts after that of the alternative (passed in the last run)',
     'entrypoints/openai/test_return_token_ids.py::test_comparison_with_prompt_logprobs_and_logprobs':
         'model-specific: the stand-in model (qwen2.5-coder-0.5b for Qwen3-0.6B) ends its reply at once, and the test needs reply text',
     'entrypoints/openai/test_return_tokens_as_ids.py::test_completion_return_tokens_as_token_ids_completion[True]':
