@@ -6,8 +6,13 @@ Checks that the page loads with no console errors and shows the live stream; tha
 message streams a reply (the text grows over several updates) with its timing line; and
 that while `pagellm bench serve` runs a load with shared prefixes the block map changes
 (blocks in use, then shared, then cached for reuse once the load ends), the request table
-fills and the charts draw non-zero throughput. `--screenshots DIR` saves the page during
-the chat and under load (the pictures in docs/ and the README were made this way).
+fills and the charts draw non-zero throughput. Then the gateway's twin page: a second
+replica and `pagellm gateway` (prefix-aware) in front of both; while a load with shared
+prefixes runs through the gateway, the page shows both replicas up, taking traffic, and
+the routing decisions with their reasons and outcomes; when a replica is killed, its card
+turns to ejected or down and the failed attempt is shown. `--screenshots DIR` saves the
+pages during the chat and under load (the pictures in docs/ and the README were made
+this way).
 
     python3 scripts/dashboard_e2e.py --pagellm target/release/pagellm --model smollm2-135m
 """
@@ -17,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from playwright.sync_api import sync_playwright
@@ -124,6 +130,115 @@ def load(page, binary, base, model, fails, shots):
         fails.append("no block was left cached for reuse after the load")
 
 
+GATEWAY_STATE = """() => {
+  const f = window.gateway.frame;
+  const cards = [...document.querySelectorAll('#replicas .replica')];
+  return {frames: window.gateway.frames,
+          states: Object.fromEntries(cards.map((c) => [c.dataset.id, c.dataset.state])),
+          routed: f ? Object.fromEntries(f.replicas.map((r) => [r.id, r.routed])) : {},
+          rows: document.querySelectorAll('#decisions tbody tr').length,
+          reasons: f ? f.reasons : {},
+          outcomes: [...window.gateway.decisions.values()].map((d) => d.outcome),
+          rps: +(document.getElementById('c-rps').dataset.max || 0),
+          inflight: +(document.getElementById('c-inflight').dataset.max || 0)};
+}"""
+MASTER = "sk-dashboard-test"
+
+
+def gateway(browser, binary, model, first_base, fails, errors, shots, tmp):
+    """The gateway's dashboard, in front of the running server and a second replica."""
+    second = Server(binary, model, limits=("--max-num-seqs", "8"))
+    gw = None
+    try:
+        second_base = second.wait_ready()
+        cfg = os.path.join(tmp, "gateway.yaml")
+        with open(cfg, "w") as f:
+            f.write("model_list:\n")
+            for rid, base in (("replica-a", first_base), ("replica-b", second_base)):
+                f.write(f"  - {{model_name: {model}, litellm_params: {{model: openai/{model}, "
+                        f"api_base: \"{base}/v1\", api_key: {API_KEY}}}, model_info: {{id: {rid}}}}}\n")
+            f.write(f"general_settings: {{master_key: {MASTER}}}\n"
+                    f"pagellm_settings: {{tokenizers: {{{model}: {model}}}, "
+                    f"health_check: {{interval: 0.5}}, metrics_interval: 0.5}}\n")
+        port = free_port()
+        gw = subprocess.Popen([binary, "gateway", "--config", cfg, "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        gw_base = f"http://127.0.0.1:{port}"
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: errors.append(f"gateway page: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"gateway page uncaught: {e}"))
+        page.add_init_script(f"localStorage.setItem('pagellm.gateway.key', {json.dumps(MASTER)})")
+        for _ in range(100):
+            try:
+                page.goto(gw_base + "/")
+                break
+            except Exception:  # noqa: BLE001 - the gateway is still starting
+                time.sleep(0.1)
+        page.wait_for_function("window.gateway.frames >= 2", timeout=15_000)
+        s = page.evaluate(GATEWAY_STATE)
+        if s["states"] != {"replica-a": "up", "replica-b": "up"}:
+            fails.append(f"gateway page: the replicas are not shown up: {s['states']}")
+        cmd = [binary, "bench", "serve", "--base-url", gw_base, "--model", model, "--api-key", MASTER,
+               "--dataset", "prefix-repetition", "--num-prefixes", "4", "--prefix-len", "128",
+               "--input-len", "16", "--output-len", "24", "--num-prompts", "32",
+               "--max-concurrency", "8", "--ignore-eos", "--quiet"]
+        bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen, shot = [], False
+        while bench.poll() is None:
+            s = page.evaluate(GATEWAY_STATE)
+            seen.append(s)
+            if shots and not shot and s["rows"] >= 8 and s["inflight"] >= 2:
+                page.screenshot(path=os.path.join(shots, "gateway-dashboard.png"), full_page=True)
+                shot = True
+            time.sleep(0.25)
+        if bench.returncode != 0:
+            fails.append(f"bench serve through the gateway exited with {bench.returncode}:\n{bench.stdout.read()}")
+        time.sleep(1.5)
+        after = page.evaluate(GATEWAY_STATE)
+        print(f"gateway: {len(seen)} samples; routed {after['routed']}; reasons {after['reasons']}; "
+              f"{after['rows']} decision rows; peak in flight {max(x['inflight'] for x in seen)}")
+        if min(after["routed"].values(), default=0) < 4:
+            fails.append(f"gateway page: a replica took almost no traffic: {after['routed']}")
+        if after["reasons"].get("prefix_hit", 0) < 8:
+            fails.append(f"gateway page: few prefix hits among the decisions: {after['reasons']}")
+        if after["rows"] < 20 or after["outcomes"].count("200") < 20:
+            fails.append(f"gateway page: the decision log is short or lacks outcomes: {after['rows']} rows")
+        if after["rps"] <= 0 or max(x["inflight"] for x in seen) < 2:
+            fails.append("gateway page: the traffic charts stayed flat")
+        # A replica dies: its card leaves the `up` state, and requests still succeed.
+        second.proc.kill()
+        second.proc.wait(10)
+        for i in range(4):
+            r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                                f"authorization: Bearer {MASTER}", "-H", "content-type: application/json",
+                                "-d", json.dumps({"model": model, "prompt": f"Count to {i}", "max_tokens": 4}),
+                                gw_base + "/v1/completions"], capture_output=True, text=True)
+            if r.stdout != "200":
+                fails.append(f"a request after the replica died got {r.stdout}")
+        page.wait_for_function(
+            "document.querySelector('#replicas .replica[data-id=\"replica-b\"]').dataset.state !== 'up'",
+            timeout=15_000)
+        down = page.evaluate(GATEWAY_STATE)
+        print(f"after killing replica-b: {down['states']}")
+        if down["states"].get("replica-a") != "up":
+            fails.append(f"the live replica is not shown up: {down['states']}")
+        page.close()
+    finally:
+        if gw:
+            gw.terminate()
+            gw.wait(30)
+        if second.proc.poll() is None:
+            second.proc.terminate()
+            second.proc.wait(30)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pagellm", required=True)
@@ -151,6 +266,8 @@ def main():
                 fails.append(f"an idle server's block map is not all free: {s}")
             chat(page, fails, a.screenshots)
             load(page, a.pagellm, base, a.model, fails, a.screenshots)
+            with tempfile.TemporaryDirectory() as tmp:
+                gateway(browser, a.pagellm, a.model, base, fails, errors, a.screenshots, tmp)
             browser.close()
     except Exception as e:  # noqa: BLE001 - reported with the server's log
         fails.append(f"{type(e).__name__}: {e}")

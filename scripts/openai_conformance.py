@@ -44,7 +44,7 @@ class Server:
 
     def __init__(self, binary: str, model: str, limits=("--max-waiting-requests", "2", "--max-num-seqs", "2")):
         cmd = [binary, "serve", "--model", model, "--port", "0", "--api-key", API_KEY,
-               *limits, "--threads", "2"]
+               *limits, "--threads", "2", "--enable-prompt-tokens-details"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace")
         self.log: list = []

@@ -37,7 +37,8 @@ python3 scripts/structured_e2e.py --pagellm target/release/pagellm \
 python3 scripts/tools_e2e.py --pagellm target/release/pagellm \
     --model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b
 # The dashboard in headless chromium: no console errors, a streamed chat reply, and the
-# block map, request table and charts following a `pagellm bench serve` load.
+# block map, request table and charts following a `pagellm bench serve` load; then the
+# gateway's twin page: replicas, their health and the routing decisions under load.
 python3 scripts/dashboard_e2e.py --pagellm target/release/pagellm --model smollm2-135m
 # The gateway in front of real replicas: many models through one URL with the SDK, and a
 # replica killed under load (small version of the benchmark in BENCHMARKS.md).

@@ -7,8 +7,9 @@ For each model given (Qwen2.5 models, whose chat template teaches the
   functions whose arguments validate against their schemas (Python's `jsonschema`),
   with `finish_reason: "tool_calls"`, streamed and not, for several prompts; a named
   function is the one called, and `parallel_tool_calls=False` gives exactly one call;
-- a streamed call arrives as OpenAI streams them (deltas with the call's index, id,
-  name and arguments) and equals the unstreamed one under greedy decoding;
+- a streamed call arrives as OpenAI streams them (a first delta with the call's index,
+  id and name, then its arguments in several fragments) and equals the unstreamed one
+  under greedy decoding;
 - `tool_choice="auto"` answers with either text or well-formed calls;
 - a round trip works: the call, then a `tool` message with its result, then a final
   answer in text, whose prompt shows the call and the result rendered by the template;
@@ -100,11 +101,20 @@ def ask(client, model, q, choice, stream, parallel=None):
         d = ch.choices[0].delta
         content += d.content or ""
         for t in d.tool_calls or []:
-            c = calls.setdefault(t.index, {"id": "", "name": "", "arguments": ""})
+            c = calls.setdefault(t.index, {"id": "", "name": "", "arguments": "", "fragments": 0})
+            if t.id and c["id"]:
+                raise ValueError(f"call {t.index} announced twice")
             c["id"] = t.id or c["id"]
             c["name"] += (t.function.name or "") if t.function else ""
-            c["arguments"] += (t.function.arguments or "") if t.function else ""
+            fragment = (t.function.arguments or "") if t.function else ""
+            c["arguments"] += fragment
+            c["fragments"] += bool(fragment)
         finish = ch.choices[0].finish_reason or finish
+    for i, c in calls.items():
+        # Arguments of a few tokens come in several fragments, not in one piece.
+        if len(c["arguments"]) > 12 and c.pop("fragments") < 2:
+            raise ValueError(f"call {i}'s arguments {c['arguments']!r} came in one piece")
+        c.pop("fragments", None)
     return [calls[i] for i in sorted(calls)], finish, content or None
 
 

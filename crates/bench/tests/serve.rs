@@ -163,6 +163,7 @@ async fn pagellm_serve_on_a_tiny_model() {
             served_model_name: "tiny".into(),
             api_key: None,
             max_body_bytes: 1 << 20,
+            ..pagellm_server::ServerConfig::new("tiny")
         },
         pagellm_engine::Engine::start(model.clone(), &engine_config).unwrap(),
     );

@@ -24,6 +24,9 @@ pub struct EngineConfig {
     /// Requests that may wait for admission before [`crate::Engine::submit`] refuses
     /// more; `None` = no limit.
     pub max_waiting_requests: Option<usize>,
+    /// vLLM's `--max-logprobs`: the most alternatives a request may ask for per token
+    /// (`usize::MAX`: the whole vocabulary).
+    pub max_logprobs: usize,
 }
 
 /// vLLM's CPU backend reserves 4 GiB of KV cache by default (`VLLM_CPU_KVCACHE_SPACE`).
@@ -41,6 +44,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             scheduler: SchedulerConfig::default(),
             max_waiting_requests: None,
+            max_logprobs: crate::logprobs::MAX_LOGPROBS,
         }
     }
 }

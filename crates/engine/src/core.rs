@@ -72,6 +72,8 @@ pub struct EngineStats {
     pub kv_cache_usage: f64,
     pub prefix_cache: PrefixCacheStats,
     pub num_preemptions: u64,
+    /// Requests refused because the waiting queue was full (`max_waiting_requests`).
+    pub admission_rejections: u64,
     /// Prompt tokens of admitted requests (each request once, however often recomputed).
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
@@ -124,6 +126,8 @@ pub struct EngineCore {
     /// them down as they are first scheduled or end before that.
     queued: Option<Arc<AtomicUsize>>,
     num_admitted: u64,
+    /// Tokens of the current step, for `iteration_tokens` (see [`LatencyHistograms`]).
+    iteration_tokens: u64,
 }
 
 impl EngineCore {
@@ -209,6 +213,7 @@ impl EngineCore {
                 vocab_size: c.vocab_size,
                 num_blocks,
                 block_size: config.block_size,
+                max_logprobs: config.max_logprobs.min(c.vocab_size),
             },
             model,
             pool: ThreadPool::new(threads),
@@ -225,6 +230,7 @@ impl EngineCore {
             probe: None,
             queued: None,
             num_admitted: 0,
+            iteration_tokens: 0,
         })
     }
 
@@ -406,6 +412,7 @@ impl EngineCore {
             return report;
         }
         self.stats.steps += 1;
+        self.iteration_tokens = 0;
         let (used, allocated) = self.slot_usage(&plan);
         self.stats.kv_slots_used += used as u64;
         self.stats.kv_slots_allocated += allocated as u64;
@@ -506,16 +513,24 @@ impl EngineCore {
                 report.finished.push(id);
                 continue;
             }
+            let pinned = req.params.logprob_token_ids.as_deref();
             let logprobs = pre.zip(raw).map(|((top, log_z), raw)| TokenLogprobs {
                 token: tok,
                 logprob: raw[tok as usize] - log_z,
                 rank: 1 + raw.iter().filter(|&&x| x > raw[tok as usize]).count(),
-                top,
+                top: match pinned {
+                    None => top,
+                    Some(ids) => pinned_logprobs(ids, tok, &raw, log_z),
+                },
             });
             if let Some(fid) = self.on_token(id, tok, logprobs, now) {
                 report.finished.push(fid);
             }
         }
+        self.stats
+            .latency
+            .iteration_tokens
+            .observe(self.iteration_tokens as f64);
         report
     }
 
@@ -577,8 +592,10 @@ impl EngineCore {
         let req = self.sched.requests.get_mut(&id)?;
         req.tokens.push(tok);
         req.update_block_hashes(block_size);
+        self.iteration_tokens += 1;
         match req.times.last_token {
             None => {
+                self.iteration_tokens += req.prompt_len as u64;
                 if let Some(t) = RequestTimes::secs(Some(req.times.arrival), Some(now)) {
                     self.stats.latency.ttft.observe(t);
                 }
@@ -698,16 +715,23 @@ impl EngineCore {
         }
         let t = &req.times;
         let lat = &mut self.stats.latency;
+        let inference = RequestTimes::secs(t.first_scheduled, t.finished);
         for (h, v) in [
             (&mut lat.e2e, t.e2e_s()),
             (&mut lat.queue, t.queue_s()),
             (&mut lat.prefill, t.prefill_s()),
             (&mut lat.decode, t.decode_s()),
+            (&mut lat.inference, inference),
         ] {
             if let Some(v) = v {
                 h.observe(v);
             }
         }
+        lat.prompt_tokens.observe(req.prompt_len as f64);
+        lat.generation_tokens
+            .observe(req.num_output_tokens() as f64);
+        lat.max_tokens.observe(req.max_tokens as f64);
+        lat.num_preemptions.observe(req.num_preemptions as f64);
         if let Some(sink) = self.sinks.remove(&id) {
             self.outbox.push((
                 sink,
@@ -732,6 +756,20 @@ impl EngineCore {
     }
 }
 
+/// `logprob_token_ids`: the pinned tokens and the sampled one, each once, most likely
+/// first (ties to the lower id).
+fn pinned_logprobs(ids: &[u32], sampled: u32, raw: &[f32], log_z: f32) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = ids
+        .iter()
+        .copied()
+        .chain([sampled])
+        .map(|t| (t, raw[t as usize] - log_z))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.dedup_by_key(|e| e.0);
+    top
+}
+
 /// Records the logprobs of the prompt tokens that a chunk's logits rows predict: the row
 /// of position `start + j` gives the token at `start + j + 1`.
 fn record_prompt_logprobs(req: &mut Request, rows: &[f32], vocab: usize, start: usize) {
@@ -750,5 +788,21 @@ fn record_prompt_logprobs(req: &mut Request, rows: &[f32], vocab: usize, start: 
         let ls = LogSoftmax::new(row);
         req.prompt_logprobs.push(ls.token(req.tokens[target], k));
         req.num_prompt_logprobs = target;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_logprobs_hold_the_pinned_and_the_sampled_token_once() {
+        let raw = [0.0f32, 2.0, 1.0, 3.0];
+        let log_z = 3.5;
+        let top = pinned_logprobs(&[2, 0, 2], 3, &raw, log_z);
+        assert_eq!(top, vec![(3, -0.5), (2, -2.5), (0, -3.5)]);
+        // The sampled token among the pinned ones is not repeated.
+        let top = pinned_logprobs(&[1, 0], 1, &raw, log_z);
+        assert_eq!(top, vec![(1, -1.5), (0, -3.5)]);
     }
 }

@@ -47,6 +47,8 @@ pub struct Engine {
     /// Submitted and not yet admitted (see `max_waiting_requests`).
     queued: Arc<AtomicUsize>,
     max_waiting: Option<usize>,
+    /// Requests refused because the queue was full.
+    rejected: AtomicU64,
     kv_events: crate::kv_events::KvEvents,
     /// Built on the first structured-output request (it indexes the vocabulary).
     structured: OnceLock<Result<Compiler, pagellm_structured::Error>>,
@@ -223,6 +225,7 @@ impl Engine {
             thread: Mutex::new(Some(thread)),
             queued,
             max_waiting: config.max_waiting_requests,
+            rejected: AtomicU64::new(0),
             kv_events,
             structured: OnceLock::new(),
         })
@@ -284,7 +287,10 @@ impl Engine {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
                 (q < limit).then_some(q + k)
             })
-            .map_err(|_| EngineError::QueueFull { limit })?;
+            .map_err(|_| {
+                self.rejected.fetch_add(k as u64, Ordering::Relaxed);
+                EngineError::QueueFull { limit }
+            })?;
         let mut streams = Vec::with_capacity(k);
         for (i, (prompt, mut params)) in requests.into_iter().enumerate() {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -337,7 +343,9 @@ impl Engine {
 
     /// The counters as of the last step.
     pub fn stats(&self) -> EngineStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        let mut s = self.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        s.admission_rejections = self.rejected.load(Ordering::Relaxed);
+        s
     }
 
     /// The engine's blocks and requests as of a recent step (see [`crate::live`]).

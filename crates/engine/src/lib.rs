@@ -35,6 +35,8 @@ pub use crate::error::EngineError;
 pub use crate::live::{LiveRequest, LiveView, Phase};
 pub use crate::logprobs::{TokenLogprobs, MAX_LOGPROBS};
 pub use crate::metrics::{Histogram, LatencyHistograms};
-pub use crate::request::{FinishReason, RequestId, RequestParams, Resume, StopReason, Usage};
+pub use crate::request::{
+    FinishReason, RequestId, RequestParams, RequestTimes, Resume, StopReason, Usage,
+};
 pub use crate::scheduler::{Policy, SchedulerConfig};
 pub use sampler::{Sampler, SamplingError, SamplingParams};

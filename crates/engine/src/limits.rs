@@ -10,6 +10,8 @@ pub struct EngineLimits {
     pub vocab_size: usize,
     pub num_blocks: usize,
     pub block_size: usize,
+    /// The most alternatives per token a request may ask for (at most the vocabulary).
+    pub max_logprobs: usize,
 }
 
 impl EngineLimits {
@@ -30,10 +32,10 @@ impl EngineLimits {
             ("logprobs", params.logprobs),
             ("prompt_logprobs", params.prompt_logprobs),
         ] {
-            if let Some(k) = k.filter(|&k| k > crate::logprobs::MAX_LOGPROBS) {
+            if let Some(k) = k.filter(|&k| k > self.max_logprobs) {
                 return Err(EngineError::InvalidParam(format!(
                     "{name}: at most {} alternatives per token, got {k}",
-                    crate::logprobs::MAX_LOGPROBS
+                    self.max_logprobs
                 )));
             }
         }
@@ -45,6 +47,33 @@ impl EngineLimits {
         {
             return Err(EngineError::InvalidParam(format!(
                 "logit_bias: token id {t} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
+        match &params.sampling.allowed_token_ids {
+            Some(a) if a.is_empty() => {
+                return Err(EngineError::InvalidParam(
+                    "allowed_token_ids: the list is empty".into(),
+                ))
+            }
+            Some(a) => {
+                if let Some(&t) = a.iter().find(|&&t| t as usize >= self.vocab_size) {
+                    return Err(EngineError::InvalidParam(format!(
+                        "allowed_token_ids: token id {t} is outside the vocabulary of {}",
+                        self.vocab_size
+                    )));
+                }
+            }
+            None => {}
+        }
+        if let Some(&t) = params
+            .logprob_token_ids
+            .iter()
+            .flatten()
+            .find(|&&t| t as usize >= self.vocab_size)
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "logprob_token_ids: token id {t} is outside the vocabulary of {}",
                 self.vocab_size
             )));
         }

@@ -50,7 +50,14 @@ impl<'a> LogSoftmax<'a> {
             return Vec::new();
         }
         let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        // Keep a small sorted head in one pass: k is at most MAX_LOGPROBS.
+        if k > 2 * MAX_LOGPROBS {
+            // Many (a server started with a large --max-logprobs): sort them all.
+            let mut all: Vec<(u32, f32)> = (0..).zip(self.logits.iter().copied()).collect();
+            all.sort_unstable_by(desc);
+            all.truncate(k);
+            return all.into_iter().map(|(t, l)| (t, l - self.log_z)).collect();
+        }
+        // Keep a small sorted head in one pass.
         let mut head: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
         for (i, &l) in self.logits.iter().enumerate() {
             if head.len() == k && l <= head[k - 1].1 {

@@ -17,6 +17,15 @@ pub const REQUEST_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// Token counts (prompt and generation tokens of a request, `max_tokens`, tokens of a
+/// step): vLLM's 1-2-5 series.
+pub const COUNT_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0, 200000.0, 500000.0, 1000000.0,
+];
+/// `vllm:request_params_n` and `vllm:request_num_preemptions`.
+pub const SMALL_COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0];
+
 /// A cumulative-on-export histogram: `counts[i]` holds observations in
 /// `(bounds[i-1], bounds[i]]`, the last slot those above every bound.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +68,8 @@ impl Histogram {
     }
 }
 
-/// Per-request latencies, observed by the engine as requests progress and finish.
+/// Per-request latencies and sizes, observed by the engine as requests progress and
+/// finish, and the tokens of each step (vLLM's `iteration_tokens_total`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatencyHistograms {
     pub ttft: Histogram,
@@ -68,6 +78,16 @@ pub struct LatencyHistograms {
     pub queue: Histogram,
     pub prefill: Histogram,
     pub decode: Histogram,
+    /// Prefill and decode: from first scheduled to finished.
+    pub inference: Histogram,
+    pub prompt_tokens: Histogram,
+    pub generation_tokens: Histogram,
+    /// The effective `max_tokens` of each request.
+    pub max_tokens: Histogram,
+    pub num_preemptions: Histogram,
+    /// Per step: the prompts of requests sampling their first token, plus every token
+    /// sampled.
+    pub iteration_tokens: Histogram,
 }
 
 impl Default for LatencyHistograms {
@@ -79,6 +99,12 @@ impl Default for LatencyHistograms {
             queue: Histogram::new(REQUEST_BUCKETS),
             prefill: Histogram::new(REQUEST_BUCKETS),
             decode: Histogram::new(REQUEST_BUCKETS),
+            inference: Histogram::new(REQUEST_BUCKETS),
+            prompt_tokens: Histogram::new(COUNT_BUCKETS),
+            generation_tokens: Histogram::new(COUNT_BUCKETS),
+            max_tokens: Histogram::new(COUNT_BUCKETS),
+            num_preemptions: Histogram::new(SMALL_COUNT_BUCKETS),
+            iteration_tokens: Histogram::new(COUNT_BUCKETS),
         }
     }
 }

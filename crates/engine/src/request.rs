@@ -42,6 +42,9 @@ pub struct RequestParams {
     /// Return each sampled token's log-probability and this many alternatives
     /// (at most [`crate::logprobs::MAX_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// vLLM's `logprob_token_ids`: with `logprobs`, the alternatives reported are these
+    /// tokens (and the sampled one) instead of the most likely ones.
+    pub logprob_token_ids: Option<Vec<u32>>,
     /// Return the log-probability of every prompt token after the first, with its rank
     /// and this many alternatives (vLLM's `prompt_logprobs`). Such a request computes
     /// its whole prompt: it takes nothing from the prefix cache, and its prompt runs in
@@ -80,6 +83,7 @@ impl Default for RequestParams {
             cache_salt: None,
             detokenize: true,
             logprobs: None,
+            logprob_token_ids: None,
             prompt_logprobs: None,
             resume: None,
             guide: None,

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 mod health;
 pub mod keys;
@@ -92,6 +93,8 @@ pub struct Gateway {
     pub store: Option<Store>,
     pub http: reqwest::Client,
     pub tokenizers: Tokenizers,
+    /// The latest routing decisions, for the dashboard.
+    pub routing_log: dashboard::RoutingLog,
     config_path: Option<PathBuf>,
 }
 
@@ -121,6 +124,7 @@ impl Gateway {
             store,
             http,
             tokenizers,
+            routing_log: dashboard::RoutingLog::default(),
             config_path,
         });
         health::spawn_all(&gw);
@@ -249,6 +253,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/key/list", get(admin::list))
         .route("/key/info", get(admin::info))
         .route("/key/delete", post(admin::delete))
+        .merge(dashboard::routes())
         .fallback(|uri: axum::http::Uri| async move {
             GatewayError::not_found(format!("no such endpoint: {}", uri.path()))
         })

@@ -6,6 +6,7 @@
 //! group, then to the fallback groups. Once a stream has started, a replica that
 //! dies is replaced by continuing the stream elsewhere (`stream.rs`).
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
+use crate::dashboard::LoggedDecision;
 use crate::error::GatewayError;
 use crate::keys::Admission;
 use crate::prefix::prefix_key;
@@ -86,6 +88,8 @@ pub struct Ctx {
     pub principal: Principal,
     pub started: Instant,
     pub pkey: PrefixKey,
+    /// The routing log's entry for the latest attempt (0: none yet).
+    pub logged: AtomicU64,
 }
 
 impl Ctx {
@@ -123,6 +127,11 @@ impl Ctx {
     }
 
     pub fn fail(&self, r: &Replica, kind: Failure) {
+        let what = match kind {
+            Failure::Connection => "failed: connection",
+            Failure::Response => "failed: response",
+        };
+        self.gw.routing_log.finish(self.logged.load(Relaxed), what);
         let cfg = &self.rt.config;
         if r.record_failure(kind, cfg.allowed_fails, cfg.cooldown) {
             self.gw
@@ -134,6 +143,15 @@ impl Ctx {
 
     /// Picks a replica of `group` not in `tried`.
     pub fn pick(&self, group: &str, tried: &[String]) -> Option<Decision> {
+        self.pick_logged(group, tried, false)
+    }
+
+    /// Picks a replica of `group` not in `tried` to continue a broken stream.
+    pub fn pick_resume(&self, group: &str, tried: &[String]) -> Option<Decision> {
+        self.pick_logged(group, tried, true)
+    }
+
+    fn pick_logged(&self, group: &str, tried: &[String], resume: bool) -> Option<Decision> {
         let now = Instant::now();
         let mut cands: Vec<Arc<Replica>> = self
             .rt
@@ -158,6 +176,19 @@ impl Ctx {
                 ("reason", d.reason.as_str()),
             ],
         );
+        d.replica.routed.fetch_add(1, Relaxed);
+        let seq = self.gw.routing_log.push(LoggedDecision {
+            seq: 0,
+            t: 0,
+            model: group.to_string(),
+            replica: d.replica.dep.id.clone(),
+            reason: d.reason.as_str(),
+            matched: d.matched_blocks,
+            blocks: self.pkey.hashes().0.len(),
+            resume,
+            outcome: None,
+        });
+        self.logged.store(seq, Relaxed);
         Some(d)
     }
 
@@ -211,6 +242,11 @@ impl Ctx {
     }
 
     pub fn done(&self, replica: &str, status: StatusCode) {
+        if replica != "none" {
+            self.gw
+                .routing_log
+                .finish(self.logged.load(Relaxed), status.as_str());
+        }
         self.gw.metrics.inc(
             "pagellm_gateway_requests_total",
             &[
@@ -303,6 +339,7 @@ async fn handle(
         principal,
         started,
         pkey,
+        logged: AtomicU64::new(0),
     };
     let mut resp = if stream {
         crate::stream::start(ctx).await?

@@ -2,7 +2,7 @@
 //! the load its `/metrics` report, and which prompt prefixes its KV cache holds.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -164,6 +164,8 @@ pub struct Replica {
     pub prefix: Mutex<PrefixState>,
     /// A pagellm replica: publishes KV events and can resume a stream.
     pub is_pagellm: AtomicBool,
+    /// Requests routed here (attempts, resumed streams included).
+    pub routed: AtomicU64,
     /// Its background tasks (health, metrics, KV events) run.
     pub tasks_started: AtomicBool,
 }
@@ -193,6 +195,7 @@ impl Replica {
             load: Mutex::new(Load::default()),
             prefix: Mutex::new(PrefixState::default()),
             is_pagellm: AtomicBool::new(false),
+            routed: AtomicU64::new(0),
             tasks_started: AtomicBool::new(false),
         }
     }

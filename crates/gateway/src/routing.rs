@@ -31,7 +31,7 @@ pub enum PrefixKey {
 }
 
 impl PrefixKey {
-    fn hashes(&self) -> (&[u128], bool) {
+    pub fn hashes(&self) -> (&[u128], bool) {
         match self {
             PrefixKey::Exact { hashes, .. } => (hashes, true),
             PrefixKey::Text(h) => (h, false),

@@ -377,7 +377,7 @@ impl Relay {
         ));
         for _ in 0..=self.ctx.rt.config.num_retries {
             let group = self.ctx.group.clone();
-            let d = self.ctx.pick(&group, &self.tried)?;
+            let d = self.ctx.pick_resume(&group, &self.tried)?;
             let r = d.replica;
             self.tried.push(r.dep.id.clone());
             if !r.is_pagellm.load(std::sync::atomic::Ordering::Relaxed) {

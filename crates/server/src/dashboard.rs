@@ -42,7 +42,10 @@ pub const FRAME_INTERVAL: Duration = Duration::from_millis(500);
 
 const INDEX_HTML: &str = include_str!("../assets/dashboard/index.html");
 const APP_JS: &str = include_str!("../assets/dashboard/app.js");
-const STYLE_CSS: &str = include_str!("../assets/dashboard/style.css");
+/// Helpers shared with the gateway's dashboard, which serves this same file.
+pub const COMMON_JS: &str = include_str!("../assets/dashboard/common.js");
+/// The stylesheet, shared with the gateway's dashboard.
+pub const STYLE_CSS: &str = include_str!("../assets/dashboard/style.css");
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -52,13 +55,17 @@ pub fn routes() -> Router<Arc<AppState>> {
             get(|| asset("text/javascript; charset=utf-8", APP_JS)),
         )
         .route(
+            "/dashboard/common.js",
+            get(|| asset("text/javascript; charset=utf-8", COMMON_JS)),
+        )
+        .route(
             "/dashboard/style.css",
             get(|| asset("text/css; charset=utf-8", STYLE_CSS)),
         )
         .route("/dashboard/events", get(events))
 }
 
-async fn asset(content_type: &'static str, body: &'static str) -> Response {
+pub async fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
         [(CONTENT_TYPE, content_type), (CACHE_CONTROL, "no-cache")],
         body,

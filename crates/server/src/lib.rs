@@ -12,7 +12,7 @@
 //! called, `/health` answers 503 and the API refuses requests with 503.
 
 mod api;
-mod dashboard;
+pub mod dashboard;
 pub mod error;
 mod kv_events;
 mod metrics;
@@ -39,6 +39,34 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// vLLM's `--enable-prompt-tokens-details`: usage has `prompt_tokens_details`.
+    pub prompt_tokens_details: bool,
+    /// vLLM's `--enable-force-include-usage`: every streamed chunk carries usage, and
+    /// streams end with a usage chunk, asked for or not.
+    pub force_include_usage: bool,
+    /// vLLM's `--return-tokens-as-token-ids`: the default of the request field.
+    pub tokens_as_token_ids: bool,
+    /// vLLM's `--enable-tokenizer-info-endpoint`: serve `GET /tokenizer_info`.
+    pub tokenizer_info: bool,
+    /// vLLM's `--enable-per-request-metrics`: responses (a stream's usage chunk) carry
+    /// `metrics` with the request's timing.
+    pub per_request_metrics: bool,
+}
+
+impl ServerConfig {
+    /// A server of `served_model_name` with vLLM's defaults otherwise.
+    pub fn new(served_model_name: impl Into<String>) -> Self {
+        Self {
+            served_model_name: served_model_name.into(),
+            api_key: None,
+            max_body_bytes: 16 << 20,
+            prompt_tokens_details: false,
+            force_include_usage: false,
+            tokens_as_token_ids: false,
+            tokenizer_info: false,
+            per_request_metrics: false,
+        }
+    }
 }
 
 pub struct AppState {
@@ -47,6 +75,8 @@ pub struct AppState {
     pub created: u64,
     /// Set on shutdown: new requests get 503 while running ones finish.
     draining: AtomicBool,
+    /// vLLM's `request_params_n`: `n` of each prompt of each request admitted.
+    pub params_n: std::sync::Mutex<pagellm_engine::Histogram>,
 }
 
 impl AppState {
@@ -59,6 +89,9 @@ impl AppState {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             draining: AtomicBool::new(false),
+            params_n: std::sync::Mutex::new(pagellm_engine::Histogram::new(
+                pagellm_engine::metrics::SMALL_COUNT_BUCKETS,
+            )),
         }
     }
 
@@ -100,9 +133,14 @@ async fn health(State(st): State<Arc<AppState>>) -> StatusCode {
 /// The router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
+    let mut optional = Router::new();
+    if state.config.tokenizer_info {
+        optional = optional.route("/tokenizer_info", get(api::tokenizer_info));
+    }
     Router::new()
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat_completions))
+        .route("/invocations", post(api::invocations))
         .route("/v1/models", get(api::models))
         .route("/v1/models/{id}", get(api::model))
         .route("/tokenize", post(api::tokenize))
@@ -112,6 +150,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/version", get(api::version))
         .merge(dashboard::routes())
+        .merge(optional)
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found(format!("no such endpoint: {}", uri.path()), None)
         })

@@ -7,17 +7,17 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use pagellm_engine::{EngineStats, FinishReason, Histogram};
+use pagellm_engine::{EngineLimits, EngineStats, FinishReason, Histogram};
 
 use crate::AppState;
 
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let stats = st.loaded_engine().map(|e| e.stats()).unwrap_or_default();
-    let mut text = render(&stats, &st.config.served_model_name);
+    let params_n = st.params_n.lock().map(|h| h.clone()).ok();
+    let mut text = render(&stats, params_n.as_ref(), &st.config.served_model_name);
     if let Some(e) = st.loaded_engine() {
         text.push_str(&cache_config_info(
-            e.limits().block_size,
-            e.limits().num_blocks,
+            &e.limits(),
             &st.config.served_model_name,
         ));
     }
@@ -30,11 +30,18 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 
 /// vLLM's info gauge of the cache layout, which routers (llm-d's endpoint picker)
 /// read to compute block hashes the way the engine does.
-pub fn cache_config_info(block_size: usize, num_blocks: usize, model_name: &str) -> String {
+/// With the KV cache's size in tokens and how many requests of the longest context it
+/// holds at once, as vLLM reports them.
+pub fn cache_config_info(limits: &EngineLimits, model_name: &str) -> String {
+    let (block_size, num_blocks) = (limits.block_size, limits.num_blocks);
+    let tokens = block_size * num_blocks;
+    let concurrency = tokens as f64 / limits.max_model_len.max(1) as f64;
     format!(
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
          # TYPE vllm:cache_config_info gauge\n\
-         vllm:cache_config_info{{block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",model_name=\"{}\"}} 1\n",
+         vllm:cache_config_info{{block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",\
+         kv_cache_size_tokens=\"{tokens}\",kv_cache_max_concurrency=\"{concurrency:.2}\",\
+         model_name=\"{}\"}} 1\n",
         label(model_name)
     )
 }
@@ -91,7 +98,8 @@ impl Out {
     }
 }
 
-pub fn render(s: &EngineStats, model_name: &str) -> String {
+/// The engine's metrics, and the server's `params_n` when it has one.
+pub fn render(s: &EngineStats, params_n: Option<&Histogram>, model_name: &str) -> String {
     let mut o = Out {
         text: String::new(),
         labels: format!("model_name=\"{}\"", label(model_name)),
@@ -139,6 +147,11 @@ pub fn render(s: &EngineStats, model_name: &str) -> String {
         "vllm:num_preemptions",
         "Cumulative number of preemptions from the engine.",
         s.num_preemptions,
+    );
+    o.counter(
+        "vllm:admission_rejections",
+        "Requests refused because the waiting queue was full.",
+        s.admission_rejections,
     );
     o.counter(
         "vllm:prompt_tokens",
@@ -197,6 +210,43 @@ pub fn render(s: &EngineStats, model_name: &str) -> String {
         "Histogram of time spent in DECODE phase for request.",
         &l.decode,
     );
+    o.histogram(
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        &l.inference,
+    );
+    o.histogram(
+        "vllm:request_prompt_tokens",
+        "Number of prefill tokens processed.",
+        &l.prompt_tokens,
+    );
+    o.histogram(
+        "vllm:request_generation_tokens",
+        "Number of generation tokens processed.",
+        &l.generation_tokens,
+    );
+    o.histogram(
+        "vllm:request_params_max_tokens",
+        "Histogram of the max_tokens request parameter.",
+        &l.max_tokens,
+    );
+    if let Some(n) = params_n {
+        o.histogram(
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            n,
+        );
+    }
+    o.histogram(
+        "vllm:request_num_preemptions",
+        "Number of preemptions of each finished request.",
+        &l.num_preemptions,
+    );
+    o.histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        &l.iteration_tokens,
+    );
     o.text
 }
 
@@ -206,11 +256,19 @@ mod tests {
 
     #[test]
     fn cache_config_info_is_vllms_info_gauge() {
+        let limits = EngineLimits {
+            block_size: 16,
+            num_blocks: 512,
+            max_model_len: 3000,
+            vocab_size: 100,
+            max_logprobs: 20,
+        };
         assert_eq!(
-            cache_config_info(16, 512, "m"),
+            cache_config_info(&limits, "m"),
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
              # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",model_name=\"m\"} 1\n"
+             vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\",\
+             kv_cache_size_tokens=\"8192\",kv_cache_max_concurrency=\"2.73\",model_name=\"m\"} 1\n"
         );
     }
 
@@ -223,7 +281,7 @@ mod tests {
         };
         s.finished[FinishReason::Length as usize] = 2;
         s.latency.ttft.observe(0.03);
-        let t = render(&s, "m\"x");
+        let t = render(&s, None, "m\"x");
         assert!(t.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3\n"));
         assert!(t.contains("vllm:generation_tokens_total{model_name=\"m\\\"x\"} 42\n"));
         assert!(t.contains(

@@ -28,9 +28,14 @@ from vllm.utils.network_utils import get_open_port
 # vLLM options with the same meaning in `pagellm serve` (each takes a value).
 PASSED_WITH_VALUE = {
     "--host", "--port", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-    "--block-size", "--kv-cache-dtype", "--api-key", "--served-model-name",
+    "--block-size", "--kv-cache-dtype", "--api-key", "--served-model-name", "--max-logprobs",
 }
-PASSED_FLAGS = {"--no-enable-prefix-caching", "--no-enable-chunked-prefill"}
+PASSED_FLAGS = {
+    "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+    "--enable-prompt-tokens-details", "--enable-force-include-usage",
+    "--return-tokens-as-token-ids", "--enable-tokenizer-info-endpoint",
+    "--enable-per-request-metrics",
+}
 
 # vLLM options without a meaning for pagellm, dropped with their value.
 DROPPED_WITH_VALUE = {
@@ -43,7 +48,6 @@ DROPPED_WITH_VALUE = {
     "--lora-modules": "LoRA adapters are not served; adapter tests are deselected",
     "--max-lora-rank": "LoRA",
     "--max-cpu-loras": "LoRA",
-    "--max-logprobs": "pagellm's limit is fixed (20); tests of it check the API",
     "--limit-mm-per-prompt": "multimodal",
 }
 DROPPED_FLAGS = {
@@ -52,15 +56,8 @@ DROPPED_FLAGS = {
     "--enable-lora": "LoRA",
     "--enable-chunked-prefill": "on by default in pagellm",
     "--enable-prefix-caching": "on by default in pagellm",
-    "--enable-prompt-tokens-details": "pagellm always reports cached_tokens",
     "--enable-auto-tool-choice": "tool calls are always parsed with tool_choice=auto",
     "--skip-tokenizer-init": "pagellm always loads the GGUF's tokenizer",
-    # vLLM opt-in switches: dropped so the server starts; the tests of what they
-    # switch on check the answers and fail where pagellm lacks the feature.
-    "--enable-tokenizer-info-endpoint": "opt-in endpoint /tokenizer_info",
-    "--enable-per-request-metrics": "opt-in per-request metrics in responses",
-    "--enable-force-include-usage": "opt-in usage in every response",
-    "--return-tokens-as-token-ids": "opt-in `token_id:N` logprob tokens",
 }
 DROPPED_PREFIXES = {
     "--show-hidden-metrics-for-version": "exposes deprecated metrics (none expected)",

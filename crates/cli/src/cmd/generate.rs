@@ -66,6 +66,7 @@ pub fn run(a: Args) -> Result<()> {
         frequency_penalty: a.frequency_penalty,
         seed: a.seed,
         logit_bias: Vec::new(),
+        allowed_token_ids: None,
     };
     sampling.validate()?;
     if a.max_tokens == 0 {

@@ -58,6 +58,11 @@ pub struct EngineArgs {
     /// Turn chunked prefill off: a prompt waits until it fits in one step.
     #[arg(long)]
     pub no_enable_chunked_prefill: bool,
+    /// The most alternatives per token a request may ask for with `logprobs`,
+    /// `top_logprobs` or `prompt_logprobs`; -1: the whole vocabulary (vLLM's flag).
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub max_logprobs: i64,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -81,6 +86,10 @@ impl EngineArgs {
                 enable_chunked_prefill: !self.no_enable_chunked_prefill,
             },
             max_waiting_requests: None,
+            max_logprobs: match self.max_logprobs {
+                -1 => usize::MAX,
+                k => k.max(0) as usize,
+            },
         }
     }
 }

@@ -39,6 +39,26 @@ pub struct Args {
     /// are aborted.
     #[arg(long, default_value_t = 20.0)]
     shutdown_grace_period: f64,
+    /// Usage carries `prompt_tokens_details` (the prompt tokens served from the prefix
+    /// cache), as vLLM's flag of the same name.
+    #[arg(long)]
+    enable_prompt_tokens_details: bool,
+    /// Streams carry usage in every chunk and end with a usage chunk, whether the
+    /// request asked for it or not.
+    #[arg(long)]
+    enable_force_include_usage: bool,
+    /// Logprobs name tokens `token_id:N` unless a request says otherwise.
+    #[arg(long)]
+    return_tokens_as_token_ids: bool,
+    /// Serve `GET /tokenizer_info`: the tokenizer's configuration (special tokens, chat
+    /// template, added tokens).
+    #[arg(long)]
+    enable_tokenizer_info_endpoint: bool,
+    /// Responses carry vLLM's `metrics` object (time to first token, queue and
+    /// generation time, tokens per second, mean inter-token latency); streams, on their
+    /// usage chunk.
+    #[arg(long)]
+    enable_per_request_metrics: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -54,6 +74,11 @@ pub fn run(a: Args) -> Result<()> {
         served_model_name: a.served_model_name.unwrap_or(a.model.model.clone()),
         api_key: a.api_key,
         max_body_bytes: usize::try_from(a.max_request_body).unwrap_or(usize::MAX),
+        prompt_tokens_details: a.enable_prompt_tokens_details,
+        force_include_usage: a.enable_force_include_usage,
+        tokens_as_token_ids: a.return_tokens_as_token_ids,
+        tokenizer_info: a.enable_tokenizer_info_endpoint,
+        per_request_metrics: a.enable_per_request_metrics,
     }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

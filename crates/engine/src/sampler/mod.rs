@@ -29,6 +29,8 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// OpenAI's `logit_bias`: added to these tokens' logits before anything else.
     pub logit_bias: Vec<(u32, f32)>,
+    /// vLLM's `allowed_token_ids`: when set, every other token is masked out.
+    pub allowed_token_ids: Option<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -43,6 +45,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: None,
             logit_bias: Vec::new(),
+            allowed_token_ids: None,
         }
     }
 }
@@ -169,6 +172,16 @@ impl Sampler {
         for &(t, b) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l += b;
+            }
+        }
+        if let Some(allowed) = &self.params.allowed_token_ids {
+            let kept: Vec<(u32, f32)> = allowed
+                .iter()
+                .filter_map(|&t| Some((t, *logits.get(t as usize)?)))
+                .collect();
+            logits.fill(f32::NEG_INFINITY);
+            for (t, l) in kept {
+                logits[t as usize] = l;
             }
         }
         self.apply_penalties(logits, prompt, output);

@@ -230,3 +230,29 @@ fn logit_bias_moves_tokens_before_the_draw() {
     })
     .is_err());
 }
+
+#[test]
+fn allowed_token_ids_mask_every_other_token() {
+    let logits = [1.0f32, 3.0, 2.0, 0.5, 2.5];
+    // Greedy picks the best allowed token, not the best token.
+    let mut s = Sampler::new(SamplingParams {
+        allowed_token_ids: Some(vec![3, 2]),
+        ..SamplingParams::greedy()
+    })
+    .unwrap();
+    assert_eq!(s.sample(&mut logits.clone(), &[], &[]), 2);
+    // Sampling at a high temperature, with penalties, never leaves the set.
+    let mut s = Sampler::new(SamplingParams {
+        temperature: 5.0,
+        seed: Some(11),
+        repetition_penalty: 1.5,
+        frequency_penalty: 1.0,
+        allowed_token_ids: Some(vec![0, 3]),
+        ..SamplingParams::default()
+    })
+    .unwrap();
+    let drawn: std::collections::HashSet<u32> = (0..200)
+        .map(|_| s.sample(&mut logits.clone(), &[1, 3], &[3]))
+        .collect();
+    assert_eq!(drawn, [0, 3].into_iter().collect());
+}

@@ -393,6 +393,7 @@ fn requests_that_can_never_fit_are_rejected_at_submission() {
         vocab_size: 1000,
         num_blocks: 10,
         block_size: 16,
+        max_logprobs: 20,
     };
     let params = |m| RequestParams {
         max_tokens: m,

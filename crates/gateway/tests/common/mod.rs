@@ -63,6 +63,7 @@ async fn replica_of(
             served_model_name: MODEL.into(),
             api_key: None,
             max_body_bytes: 1 << 20,
+            ..ServerConfig::new(MODEL)
         },
         engine,
     ));

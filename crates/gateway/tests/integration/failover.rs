@@ -137,6 +137,21 @@ async fn a_stream_continues_on_another_replica_with_the_same_text() {
                 1.0,
                 "{m}"
             );
+            // The dashboard's routing log shows the failed attempt and the resumed stream.
+            let frame = pagellm_gateway::dashboard::frame(&g);
+            let ds = frame["decisions"].as_array().unwrap();
+            let other = if first == "a" { "b" } else { "a" };
+            assert!(
+                ds.iter().any(|d| d["replica"] == first.as_str()
+                    && d["outcome"] == "failed: connection"
+                    && d["resume"] == false),
+                "{frame}"
+            );
+            assert!(
+                ds.iter()
+                    .any(|d| d["replica"] == other && d["resume"] == true && d["outcome"] == "200"),
+                "{frame}"
+            );
             la.cut();
             lb.cut();
         }
@@ -230,6 +245,35 @@ async fn prefix_aware_routing_matches_the_replicas_own_blocks() {
         "{m}"
     );
     assert!(m.contains("pagellm_gateway_prefix_blocks{replica=\"a\",source=\"kv_events\"}"));
+    // The dashboard's frame: both replicas up with their KV events and cached blocks,
+    // and the prefix hits in the routing log with the blocks they matched.
+    let frame = pagellm_gateway::dashboard::frame(&g);
+    let reps = frame["replicas"].as_array().unwrap();
+    assert_eq!(reps.len(), 2, "{frame}");
+    for r in reps {
+        assert_eq!(
+            (&r["state"], &r["kind"], &r["kv_events"]),
+            (&json!("up"), &json!("pagellm"), &json!(true)),
+            "{r}"
+        );
+        assert!(r["blocks_exact"].as_u64().unwrap() >= 4, "{r}");
+        assert_eq!(r["routed"], 6, "{r}");
+        assert!(r["kv_usage"].is_number(), "{r}");
+    }
+    let ds = frame["decisions"].as_array().unwrap();
+    assert_eq!(ds.len(), 12, "{frame}");
+    let hits: Vec<&Value> = ds.iter().filter(|d| d["reason"] == "prefix_hit").collect();
+    assert!(hits.len() >= 10, "{frame}");
+    assert!(
+        hits.iter().all(|d| d["matched"].as_u64() >= Some(4)
+            && d["blocks"].as_u64() >= d["matched"].as_u64()
+            && d["outcome"] == "200"),
+        "{frame}"
+    );
+    assert!(
+        frame["reasons"]["prefix_hit"].as_u64() >= Some(10),
+        "{frame}"
+    );
     let rm = get(&a.url, "/metrics", None).await.text;
     assert!(
         rm.contains("vllm:cache_config_info{block_size=\"16\""),

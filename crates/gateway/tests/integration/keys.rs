@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::common::*;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 const MASTER: &str = "sk-master-1234";
@@ -73,6 +74,50 @@ async fn keys_limits_and_ledger_hold_and_survive_a_restart() {
 
     // Requests per minute: the 4th of 3 is refused, with Retry-After.
     let k = new_key(&gw, json!({"rpm_limit": 3, "key_alias": "rpm"})).await;
+
+    // The dashboard: the page and its assets are public, its live stream (every
+    // client's routing) needs the master key; a virtual key is not enough.
+    let page = get(&gw, "/", None).await;
+    assert_eq!(page.status, 200);
+    assert!(page.text.contains("/dashboard/gateway.js"), "{}", page.text);
+    for asset in [
+        "/dashboard/gateway.js",
+        "/dashboard/common.js",
+        "/dashboard/style.css",
+    ] {
+        let a = get(&gw, asset, None).await;
+        assert!(
+            a.status == 200 && a.text.len() > 500,
+            "{asset}: {}",
+            a.status
+        );
+    }
+    assert_eq!(get(&gw, "/dashboard/events", None).await.status, 401);
+    assert_eq!(get(&gw, "/dashboard/events", Some(&k)).await.status, 401);
+    let events = client()
+        .get(format!("{gw}/dashboard/events"))
+        .bearer_auth(MASTER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    let mut body = events.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    let frame: Value = serde_json::from_str(
+        std::str::from_utf8(&first)
+            .unwrap()
+            .trim()
+            .strip_prefix("data: ")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        frame["replicas"][0]["api_base"],
+        format!("{}/v1", a.url),
+        "{frame}"
+    );
+    assert_eq!(frame["decisions"][0]["outcome"], "200", "{frame}");
+    drop(body);
     for left in ["2", "1", "0"] {
         let r = post(&gw, "/v1/completions", &ask(2), Some(&k)).await;
         assert_eq!(r.status, 200, "{}", r.text);

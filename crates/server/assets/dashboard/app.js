@@ -1,15 +1,11 @@
 // The pagellm dashboard: reads the server's live stream (GET /dashboard/events, one JSON
 // frame every half second, see crates/server/src/dashboard.rs), draws the KV block map,
 // the requests in flight and charts of the last minutes, and runs a streaming chat
-// against /v1/chat/completions. No dependencies: the page must work offline.
+// against /v1/chat/completions. No dependencies: the page must work offline; the
+// helpers it shares with the gateway's page are in common.js.
 "use strict";
 
-const $ = (id) => document.getElementById(id);
-const WINDOW_S = 300; // charts show the last five minutes
-const COLORS = {
-  ".": "#2b323c", c: "#3d7fd9", u: "#3fb37f", s: "#e39b2d",
-  line0: "#3fb37f", line1: "#3d7fd9", grid: "#2a313b", text: "#8a96a3",
-};
+const BLOCK_COLORS = { ".": "#2b323c", c: "#3d7fd9", u: "#3fb37f", s: "#e39b2d" };
 
 // Everything the page knows; exposed for the end-to-end test and for curious users.
 const state = {
@@ -23,38 +19,7 @@ const state = {
 };
 window.pagellm = state;
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-const fmt = (v, d = 0) => (v == null || !isFinite(v) ? "–" : v.toFixed(d));
 const authHeaders = () => (state.key ? { Authorization: `Bearer ${state.key}` } : {});
-
-function setStatus(cls, title) {
-  const d = $("status");
-  d.className = `dot ${cls}`;
-  d.title = title;
-}
-
-// Reads a server-sent-events body and calls `onData` with each event's data.
-async function readEvents(response, onData) {
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buf += value.replace(/\r\n/g, "\n");
-    let i;
-    while ((i = buf.indexOf("\n\n")) >= 0) {
-      const ev = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const data = ev
-        .split("\n")
-        .filter((l) => l.startsWith("data:"))
-        .map((l) => l.slice(5).replace(/^ /, ""))
-        .join("\n");
-      if (data) onData(data);
-    }
-  }
-}
 
 // ---- the live stream -------------------------------------------------------------
 
@@ -125,26 +90,11 @@ function render() {
   drawBlocks();
   drawRequests();
   const ms = (v) => fmt(v, 0);
-  drawChart($("c-tput"), ["gen", "prompt"], (v) => fmt(v, 0));
-  drawChart($("c-lat"), ["ttft", "tpot"], ms);
-  drawChart($("c-batch"), ["running", "waiting"], (v) => fmt(v, 0));
-  drawChart($("c-cache"), ["kv", "hit"], (v) => fmt(v, 0), 100);
-}
-
-// Sizes a canvas's backing store to its CSS box; returns the context and CSS size.
-function fit(canvas, cssHeight) {
-  const dpr = window.devicePixelRatio || 1;
-  const w = canvas.clientWidth;
-  if (cssHeight) canvas.style.height = `${cssHeight}px`;
-  const h = canvas.clientHeight;
-  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-    canvas.width = Math.round(w * dpr);
-    canvas.height = Math.round(h * dpr);
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, w, h);
-  return { ctx, w, h };
+  const pts = state.series;
+  drawChart($("c-tput"), pts, ["gen", "prompt"], ms);
+  drawChart($("c-lat"), pts, ["ttft", "tpot"], ms);
+  drawChart($("c-batch"), pts, ["running", "waiting"], ms);
+  drawChart($("c-cache"), pts, ["kv", "hit"], ms, 100);
 }
 
 function drawBlocks() {
@@ -163,7 +113,7 @@ function drawBlocks() {
   for (let i = 0; i < n; i++) {
     const code = f.blocks[i];
     counts[code]++;
-    ctx.fillStyle = COLORS[code] || "#f0f";
+    ctx.fillStyle = BLOCK_COLORS[code] || "#f0f";
     ctx.fillRect((i % cols) * cell, Math.floor(i / cols) * cell, cell - gap, cell - gap);
   }
   const hovered = f.requests.find((r) => r.id === state.hover);
@@ -197,67 +147,6 @@ function drawRequests() {
   });
   if (reqs.length > MAX_ROWS) rows.push(`<tr><td colspan="9">and ${reqs.length - MAX_ROWS} more</td></tr>`);
   $("requests").tBodies[0].innerHTML = rows.join("");
-}
-
-// A line chart of series `keys` (at most two) over the window; `top` fixes the y range.
-function drawChart(canvas, keys, label, top) {
-  const { ctx, w, h } = fit(canvas);
-  const pts = state.series;
-  const now = pts.length ? pts[pts.length - 1].t : 0;
-  // The time axis grows with the data, from half a minute up to the whole window.
-  const span = pts.length ? Math.min(WINDOW_S, Math.max(30, now - pts[0].t)) : 30;
-  const left = 40;
-  const bottom = h - 16;
-  let max = top || 0;
-  if (!top) for (const p of pts) for (const k of keys) if (p[k] != null) max = Math.max(max, p[k]);
-  max = max > 0 ? max * (top ? 1 : 1.1) : 1;
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.fillStyle = COLORS.text;
-  ctx.strokeStyle = COLORS.grid;
-  ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i++) {
-    const y = Math.round(bottom - (i / 4) * (bottom - 6)) + 0.5;
-    ctx.beginPath();
-    ctx.moveTo(left, y);
-    ctx.lineTo(w, y);
-    ctx.stroke();
-    ctx.fillText(label((i / 4) * max), 2, y + 4);
-  }
-  for (let i = 0; i <= 4; i++) {
-    const ago = (i / 4) * span;
-    const x = left + ((span - ago) / span) * (w - left);
-    const text = i === 0 ? "now" : ago < 120 ? `-${Math.round(ago)}s` : `-${(ago / 60).toFixed(1)}m`;
-    ctx.fillText(text, Math.max(left, Math.min(x - 10, w - 24)), h - 3);
-  }
-  let drawn = 0;
-  keys.forEach((k, i) => {
-    ctx.strokeStyle = COLORS[`line${i}`];
-    ctx.lineWidth = 1.5;
-    ctx.beginPath();
-    let pen = false;
-    for (const p of pts) {
-      const v = p[k];
-      if (v == null) {
-        pen = false;
-        continue;
-      }
-      if (p.t < now - span) continue;
-      const x = left + ((p.t - (now - span)) / span) * (w - left);
-      const y = bottom - (Math.min(v, max) / max) * (bottom - 6);
-      if (pen) ctx.lineTo(x, y);
-      else ctx.moveTo(x, y);
-      pen = true;
-      drawn++;
-    }
-    ctx.stroke();
-  });
-  const lastVals = keys.map((k) => {
-    for (let i = pts.length - 1; i >= 0; i--) if (pts[i][k] != null) return pts[i][k];
-    return null;
-  });
-  canvas.dataset.points = drawn;
-  canvas.dataset.max = Math.max(0, ...pts.flatMap((p) => keys.map((k) => p[k] || 0)));
-  canvas.dataset.last = JSON.stringify(lastVals);
 }
 
 $("requests").tBodies[0].addEventListener("mouseover", (e) => {

@@ -10,8 +10,8 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagellm_engine::{
-    FinishInfo, RequestParams, RequestStream, SamplingParams, StopReason, TokenLogprobs,
-    MAX_LOGPROBS,
+    FinishInfo, RequestParams, RequestStream, RequestTimes, SamplingParams, StopReason,
+    TokenLogprobs,
 };
 use pagellm_model::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -27,13 +27,13 @@ mod tokenize;
 mod tools;
 mod types;
 
-pub use tokenize::{detokenize, tokenize};
+pub use tokenize::{detokenize, tokenize, tokenizer_info};
 
 pub use prompt::prompt_token_ids;
-use prompt::{chat_prompt, completion_prompts};
+use prompt::{chat_prompt, completion_prompts, Render};
 use stream::stream_response;
 pub use types::{GenRequest, PromptInput};
-use types::{LogprobsInput, StopInput};
+use types::{LogprobLimit, LogprobsInput, StopInput};
 
 pub(crate) fn now_s() -> u64 {
     SystemTime::now()
@@ -103,16 +103,7 @@ fn non_negative(v: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
 
 /// How many alternatives per token the request wants, if it wants logprobs at all.
 fn logprobs(req: &GenRequest, chat: bool) -> Result<Option<usize>, ApiError> {
-    let range = |k: i64, name: &str| {
-        if (0..=MAX_LOGPROBS as i64).contains(&k) {
-            Ok(k as usize)
-        } else {
-            Err(ApiError::bad_request(
-                format!("{name} must be between 0 and {MAX_LOGPROBS}, got {k}"),
-                Some(name),
-            ))
-        }
-    };
+    let range = |k: i64, name: &str| req.logprob_limit.check(k, name);
     match (&req.logprobs, chat) {
         (None | Some(LogprobsInput::Flag(false)), _) => {
             if chat && req.top_logprobs.is_some_and(|k| k > 0) {
@@ -163,6 +154,7 @@ fn params(
         // Choices of one request differ: each gets its own stream of the seed.
         seed: req.seed.map(|s| (s as u64).wrapping_add(choice as u64)),
         logit_bias: logit_bias(req)?,
+        allowed_token_ids: req.allowed_token_ids.clone(),
     };
     sampling.validate().map_err(|e| {
         let pagellm_engine::SamplingError::OutOfRange { name, .. } = &e;
@@ -184,6 +176,15 @@ fn params(
         cache_salt: req.cache_salt.clone(),
         detokenize: true,
         logprobs: logprobs(req, chat)?,
+        logprob_token_ids: match (&req.logprob_token_ids, logprobs(req, chat)?) {
+            (Some(_), None) => {
+                return Err(ApiError::bad_request(
+                    "logprob_token_ids needs logprobs",
+                    Some("logprob_token_ids"),
+                ))
+            }
+            (ids, _) => ids.clone(),
+        },
         prompt_logprobs: prompt_logprobs::requested(req, chat)?,
         resume: req.pagellm_resume.as_ref().map(|r| pagellm_engine::Resume {
             output_token_ids: r.output_token_ids.clone(),
@@ -243,9 +244,24 @@ fn truncate_prompts(
             ))
         }
     };
+    // vLLM's `truncation_side`: which end of the prompt is cut.
+    let left = match req.truncation_side.as_deref() {
+        None | Some("left") => true,
+        Some("right") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!("truncation_side must be `left` or `right`, got `{other}`"),
+                Some("truncation_side"),
+            ))
+        }
+    };
     for p in prompts {
         if p.len() > k {
-            p.drain(..p.len() - k);
+            if left {
+                p.drain(..p.len() - k);
+            } else {
+                p.truncate(k);
+            }
         }
     }
     Ok(())
@@ -274,18 +290,22 @@ pub(crate) fn finish_str(f: &FinishInfo) -> &'static str {
     f.reason.as_str()
 }
 
-/// Usage over all choices; `n` choices share each prompt, which counts once.
-pub(crate) fn usage_json(finishes: &[&FinishInfo], n: usize) -> Value {
+/// Usage over all choices; `n` choices share each prompt, which counts once. With
+/// `details`, the prompt tokens served from the prefix cache.
+pub(crate) fn usage_json(finishes: &[&FinishInfo], n: usize, details: bool) -> Value {
     let per_prompt = || finishes.iter().step_by(n.max(1));
     let prompt: usize = per_prompt().map(|f| f.usage.prompt_tokens).sum();
     let cached: usize = per_prompt().map(|f| f.usage.cached_prompt_tokens).sum();
     let completion: usize = finishes.iter().map(|f| f.usage.completion_tokens).sum();
-    json!({
+    let mut u = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    });
+    if details {
+        u["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
+    u
 }
 
 /// Per-request timing breakdown, in an extra field OpenAI clients ignore.
@@ -300,6 +320,26 @@ pub(crate) fn timings_json(f: &FinishInfo) -> Value {
         "cached_tokens": f.usage.cached_prompt_tokens,
         "num_preemptions": f.num_preemptions,
     })
+}
+
+/// vLLM's per-request `metrics` (with `--enable-per-request-metrics`): time to first
+/// token, queue and generation time (first scheduled to finished), output tokens per
+/// second of generation time, and, from two tokens on, the mean inter-token latency.
+pub(crate) fn request_metrics_json(f: &FinishInfo) -> Value {
+    let t = &f.times;
+    let ms = |x: Option<f64>| x.unwrap_or(0.0) * 1e3;
+    let generation = RequestTimes::secs(t.first_scheduled, t.finished).unwrap_or(0.0);
+    let n = f.usage.completion_tokens;
+    let mut m = json!({
+        "time_to_first_token_ms": ms(t.ttft_s()),
+        "queue_time_ms": ms(t.queue_s()),
+        "generation_time_ms": generation * 1e3,
+        "tokens_per_second": if generation > 0.0 { n as f64 / generation } else { 0.0 },
+    });
+    if n > 1 {
+        m["mean_itl_ms"] = json!(ms(t.decode_s()) / (n - 1) as f64);
+    }
+    m
 }
 
 /// One choice's result.
@@ -464,6 +504,35 @@ pub async fn chat_completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// SageMaker's `POST /invocations`, as vLLM serves it: a body with `messages` is a chat
+/// completion, one with `prompt` a completion.
+pub async fn invocations(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let kind = body.as_ref().ok().and_then(|b| {
+        let v: Value = serde_json::from_slice(b).ok()?;
+        if v.get("messages").is_some() {
+            Some(Kind::Chat)
+        } else if v.get("prompt").is_some() {
+            Some(Kind::Completion)
+        } else {
+            None
+        }
+    });
+    match kind {
+        Some(kind) => generate(st, headers, body, kind)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        None => ApiError::bad_request(
+            "/invocations takes a chat completion (`messages`) or a completion (`prompt`)",
+            None,
+        )
+        .into_response(),
+    }
+}
+
 async fn generate(
     st: Arc<AppState>,
     headers: HeaderMap,
@@ -472,17 +541,12 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     check_key(&st, &headers)?;
     let engine = st.engine()?;
-    let req: GenRequest = parse(&body.map_err(ApiError::from_body)?)?;
+    let mut req: GenRequest = parse(&body.map_err(ApiError::from_body)?)?;
+    req.logprob_limit = LogprobLimit::of(&engine.limits());
     check_model(&st, &req.model)?;
     let n = n_choices(&req)?;
     let chat = kind == Kind::Chat;
     let echo = req.echo == Some(true);
-    if echo && chat {
-        return Err(ApiError::bad_request(
-            "echo is for /v1/completions",
-            Some("echo"),
-        ));
-    }
     let prompt_lps = prompt_logprobs::requested(&req, chat)?;
     if req.stream_options.is_some() && req.stream != Some(true) {
         return Err(ApiError::bad_request(
@@ -520,12 +584,19 @@ async fn generate(
                     })?),
                 };
             let model = engine.model();
-            let prompts = if chat {
+            let forwarded = req2
+                .kv_transfer_params
+                .as_ref()
+                .and_then(|k| k.prompt_token_ids.clone());
+            let prompts = if let Some(ids) = forwarded {
+                Ok(vec![ids])
+            } else if chat {
                 chat_prompt(
                     &model.tokenizer,
                     model.chat_template.as_ref(),
                     &req2.messages,
                     tools2.as_ref().and_then(|t| t.for_template()),
+                    Render::of(&req2)?,
                 )
                 .map(|p| vec![p])
             } else {
@@ -539,7 +610,16 @@ async fn generate(
     truncate_prompts(&req, &mut prompts, engine.limits().max_model_len)?;
     // With echo, each prompt's text leads its choices' text (as given, or decoded from
     // ids and after truncation).
+    // Chat, as vLLM does: the reply leads with the last message when it is the
+    // assistant's own (the one `continue_final_message` continues).
     let echoed: Option<Vec<String>> = echo.then(|| {
+        if chat {
+            let last = req.messages.as_ref().and_then(|m| m.last());
+            let own = last
+                .filter(|m| m.role == "assistant")
+                .and_then(|m| m.content.as_ref()?.text(0).ok());
+            return vec![own.unwrap_or_default()];
+        }
         let tok = &engine.model().tokenizer;
         prompts
             .iter()
@@ -565,7 +645,15 @@ async fn generate(
         }
     }
     let token_ids = req.return_token_ids.unwrap_or(false);
+    let tokens_as_ids = req
+        .return_tokens_as_token_ids
+        .unwrap_or(st.config.tokens_as_token_ids);
     let streams = engine.submit_group(group)?;
+    if let Ok(mut h) = st.params_n.lock() {
+        for _ in &prompts {
+            h.observe(n as f64);
+        }
+    }
     let id = format!(
         "{}-{}",
         if chat { "chatcmpl" } else { "cmpl" },
@@ -573,7 +661,18 @@ async fn generate(
     );
     let model = st.config.served_model_name.clone();
     if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let force = st.config.force_include_usage;
+        let include_usage = force
+            || req
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage == Some(true));
+        let continuous_usage = force
+            || include_usage
+                && req
+                    .stream_options
+                    .as_ref()
+                    .is_some_and(|o| o.continuous_usage_stats == Some(true));
         return Ok(stream_response(
             st.clone(),
             streams,
@@ -583,10 +682,12 @@ async fn generate(
                 model,
                 kind,
                 include_usage,
+                continuous_usage,
+                prompt_lens: prompts.iter().map(Vec::len).collect(),
                 prompt_ids: token_ids.then_some(prompts),
                 tools: tools.clone().filter(|t| t.parses()),
                 echo: echoed,
-                tokens_as_ids: req.return_tokens_as_token_ids == Some(true),
+                tokens_as_ids,
             },
         ));
     }
@@ -595,19 +696,19 @@ async fn generate(
         choices.push(collect(s).await?);
     }
     let finishes: Vec<&FinishInfo> = choices.iter().map(|c| &c.finish).collect();
-    let usage = usage_json(&finishes, n);
+    let usage = usage_json(&finishes, n, st.config.prompt_tokens_details);
     let timings = timings_json(&choices[0].finish);
     let fmt = LogprobsFormat {
         tokenizer: &engine.model().tokenizer,
         kind,
-        as_ids: req.return_tokens_as_token_ids == Some(true),
+        as_ids: tokens_as_ids,
     };
     let want_logprobs = logprobs(&req, chat)?.is_some();
     let choices_json: Vec<Value> = choices
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let lp = if want_logprobs && echo {
+            let lp = if want_logprobs && echo && !chat {
                 fmt.echo_json(&prompts[i / n], &c.prompt_logprobs, &c.logprobs)
             } else if want_logprobs {
                 fmt.json(&c.logprobs, &mut 0)
@@ -625,24 +726,25 @@ async fn generate(
                     None => Value::Null,
                 };
             }
+            let lead = echoed.as_ref().map_or("", |e| e[i / n].as_str());
             match kind {
-                Kind::Completion => {
-                    let lead = echoed.as_ref().map_or("", |e| e[i / n].as_str());
-                    v["text"] = json!(format!("{lead}{}", c.text));
-                }
+                Kind::Completion => v["text"] = json!(format!("{lead}{}", c.text)),
                 Kind::Chat if tools.as_ref().is_some_and(|t| t.parses()) => {
                     let (text, calls) = tools.as_ref().expect("checked").split(&c.text);
+                    let text = format!("{lead}{}", text.trim());
                     let text = text.trim();
                     v["message"] = json!({"role": "assistant",
                         "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
                     if !calls.is_empty() {
-                        v["message"]["tool_calls"] = tools::calls_json(&calls, 0, &format!("{id}_{i}"));
+                        v["message"]["tool_calls"] = tools::calls_json(&calls, &format!("{id}_{i}"));
                         if c.finish.reason == pagellm_engine::FinishReason::Stop {
                             v["finish_reason"] = json!("tool_calls");
                         }
                     }
                 }
-                Kind::Chat => v["message"] = json!({"role": "assistant", "content": c.text}),
+                Kind::Chat => {
+                    v["message"] = json!({"role": "assistant", "content": format!("{lead}{}", c.text)})
+                }
             }
             // vLLM sends these fields either way, null unless asked for.
             // With pagellm_resume, `token_ids` are only the tokens generated here.
@@ -662,6 +764,9 @@ async fn generate(
         "usage": usage,
         "pagellm_timings": timings,
     });
+    if st.config.per_request_metrics {
+        body["metrics"] = request_metrics_json(&choices[0].finish);
+    }
     if kind == Kind::Chat {
         body["prompt_token_ids"] = if token_ids {
             json!(prompts[0])

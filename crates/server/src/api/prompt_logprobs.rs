@@ -2,7 +2,7 @@
 //! answered from the same numbers: the log-probability of each prompt token after the
 //! first given the tokens before it, computed by the engine over the whole prompt.
 
-use pagellm_engine::{TokenLogprobs, MAX_LOGPROBS};
+use pagellm_engine::TokenLogprobs;
 use serde_json::{json, Map, Value};
 
 use super::types::GenRequest;
@@ -21,13 +21,9 @@ pub(crate) fn requested(req: &GenRequest, chat: bool) -> Result<Option<usize>, A
         Some(p) if p < -1 => bad(format!(
             "`prompt_logprobs` must be a positive value or -1, got {p}"
         )),
-        Some(p) if p == -1 || p > MAX_LOGPROBS as i64 => bad(format!(
-            "`prompt_logprobs`: at most {MAX_LOGPROBS} alternatives per token (-1 asks for \
-             the whole vocabulary), got {p}"
-        )),
         // Zero while streaming: nothing would be sent.
         Some(_) if stream => Ok(None),
-        Some(p) => Ok(Some(p as usize)),
+        Some(p) => req.logprob_limit.check(p, "prompt_logprobs").map(Some),
         None if !chat && req.echo == Some(true) => match logprobs(req, chat)? {
             Some(_) if stream => Err(ApiError::bad_request(
                 "echo with logprobs is not available when streaming",

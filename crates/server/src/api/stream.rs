@@ -11,8 +11,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::tools::{calls_json, Tools};
-use super::{finish_str, now_s, stop_reason_json, timings_json, usage_json, Kind, LogprobsFormat};
+use super::tools::{deltas_json, Tools};
+use super::{
+    finish_str, now_s, request_metrics_json, stop_reason_json, timings_json, usage_json, Kind,
+    LogprobsFormat,
+};
 use crate::AppState;
 
 /// What the stream looks like besides its choices.
@@ -22,6 +25,10 @@ pub(crate) struct Shape {
     pub model: String,
     pub kind: Kind,
     pub include_usage: bool,
+    /// vLLM's `continuous_usage_stats`: every chunk carries its choice's usage so far.
+    pub continuous_usage: bool,
+    /// Each prompt's length in tokens.
+    pub prompt_lens: Vec<usize>,
     /// Each prompt's token ids, when the request asked for `return_token_ids`.
     pub prompt_ids: Option<Vec<Vec<u32>>>,
     /// Replies are parsed for tool calls (`tools` with a `tool_choice` other than none).
@@ -44,11 +51,15 @@ pub(crate) fn stream_response(
         model,
         kind,
         include_usage,
+        continuous_usage,
+        prompt_lens,
         prompt_ids,
         tools,
         echo,
         tokens_as_ids,
     } = shape;
+    let details = st.config.prompt_tokens_details;
+    let per_request_metrics = st.config.per_request_metrics;
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let created = now_s();
     let object = if kind == Kind::Chat {
@@ -70,6 +81,7 @@ pub(crate) fn stream_response(
             .as_ref()
             .map(|p| p[index / n_per_prompt.max(1)].clone());
         let token_ids = prompt.is_some();
+        let prompt_len = prompt_lens[index / n_per_prompt.max(1)];
         let st = st.clone();
         tokio::spawn(async move {
             let Some(engine) = st.loaded_engine() else {
@@ -81,14 +93,16 @@ pub(crate) fn stream_response(
                 as_ids: tokens_as_ids,
             };
             let mut offset = 0;
-            // With tools: the text is passed on except open calls, each call is sent
-            // once its closing tag arrives, and a reply that called ends "tool_calls".
+            // With tools: the text is passed on except calls, whose names and argument
+            // fragments go out as tool_calls deltas; a reply that called ends "tool_calls".
             let mut calls = tools
                 .as_ref()
                 .filter(|_| kind == Kind::Chat)
                 .map(Tools::stream);
             let n_calls = std::sync::atomic::AtomicUsize::new(0);
             let call_id = format!("{id}_{index}");
+            // Tokens sent so far, for continuous usage.
+            let completion = std::sync::atomic::AtomicUsize::new(0);
             let mut chunk = |delta: Value,
                              logprobs: Value,
                              finish: Option<&FinishInfo>,
@@ -118,6 +132,12 @@ pub(crate) fn stream_response(
                 if let Some(f) = finish {
                     v["pagellm_timings"] = timings_json(f);
                 }
+                if continuous_usage {
+                    let done =
+                        finish.map_or(completion.load(Relaxed), |f| f.usage.completion_tokens);
+                    v["usage"] = json!({"prompt_tokens": prompt_len, "completion_tokens": done,
+                                        "total_tokens": prompt_len + done});
+                }
                 Ok(Event::default().data(v.to_string()))
             };
             if kind == Kind::Chat
@@ -133,9 +153,13 @@ pub(crate) fn stream_response(
             {
                 return;
             }
-            if let Some(text) = echo {
+            if let Some(text) = echo.filter(|t| kind == Kind::Completion || !t.is_empty()) {
+                let delta = match kind {
+                    Kind::Completion => json!(text),
+                    Kind::Chat => json!({"content": text}),
+                };
                 if tx
-                    .send(chunk(json!(text), Value::Null, None, None))
+                    .send(chunk(delta, Value::Null, None, None))
                     .await
                     .is_err()
                 {
@@ -151,19 +175,25 @@ pub(crate) fn stream_response(
                         text.push_str(&t);
                         found.extend(f);
                     }
+                    n_calls.store(ts.calls(), Relaxed);
                     if !found.is_empty() {
-                        new_calls =
-                            calls_json(&found, n_calls.fetch_add(found.len(), Relaxed), &call_id);
+                        new_calls = deltas_json(&found, &call_id);
                     }
                     o.text = text;
                 }
                 let delta = match kind {
                     Kind::Completion => json!(o.text),
-                    Kind::Chat if !new_calls.is_null() => json!({"tool_calls": new_calls}),
+                    Kind::Chat if !new_calls.is_null() && o.text.is_empty() => {
+                        json!({"tool_calls": new_calls})
+                    }
+                    Kind::Chat if !new_calls.is_null() => {
+                        json!({"content": o.text, "tool_calls": new_calls})
+                    }
                     Kind::Chat if o.finish.is_some() && o.text.is_empty() => json!({}),
                     Kind::Chat => json!({"content": o.text}),
                 };
                 let last = o.finish.is_some();
+                completion.fetch_add(o.token_ids.len(), Relaxed);
                 let lp = if o.logprobs.is_empty() {
                     Value::Null
                 } else {
@@ -198,8 +228,11 @@ pub(crate) fn stream_response(
         if finishes.len() == n && include_usage {
             finishes.sort_by_key(|f| f.0);
             let refs: Vec<&FinishInfo> = finishes.iter().map(|f| &f.1).collect();
-            let v = json!({"id": id, "object": object, "created": created, "model": model,
-                "choices": [], "usage": usage_json(&refs, n_per_prompt)});
+            let mut v = json!({"id": id, "object": object, "created": created, "model": model,
+                "choices": [], "usage": usage_json(&refs, n_per_prompt, details)});
+            if per_request_metrics {
+                v["metrics"] = request_metrics_json(refs[0]);
+            }
             let _ = tx.send(Ok(Event::default().data(v.to_string()))).await;
         }
         let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;

@@ -14,7 +14,6 @@ const UNSUPPORTED: &[&str] = &[
     "function_call",
     "best_of",
     "suffix",
-    "allowed_token_ids",
     "bad_words",
     "logits_processors",
     "guided_whitespace_pattern",
@@ -46,8 +45,6 @@ const METADATA: &[&str] = &[
 /// vLLM's knobs whose default is what pagellm does: accepted at that value, refused at
 /// any other.
 const DEFAULTS: &[(&str, &str)] = &[
-    ("add_generation_prompt", "true"),
-    ("continue_final_message", "false"),
     ("add_special_tokens", "false"),
     ("skip_special_tokens", "true"),
     ("spaces_between_special_tokens", "true"),

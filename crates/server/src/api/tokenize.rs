@@ -1,4 +1,4 @@
-//! `/tokenize` and `/detokenize`, as vLLM serves them.
+//! `/tokenize`, `/detokenize` and `/tokenizer_info`, as vLLM serves them.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::prompt::chat_prompt;
+use super::prompt::{chat_prompt, Render};
 use super::types::ChatMsg;
 use super::{check_model, parse};
 use crate::error::ApiError;
@@ -28,15 +28,17 @@ struct TokenizeReq {
     messages: Option<Vec<ChatMsg>>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
-    #[serde(default = "yes")]
-    add_special_tokens: bool,
+    /// Default: true for a prompt, false for messages (the template has them), as in
+    /// vLLM.
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
     /// Also return each token's text (vLLM's `token_strs`).
     #[serde(default)]
     return_token_strs: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 #[derive(Deserialize)]
@@ -59,13 +61,18 @@ pub async fn tokenize(
         let tok = &model.tokenizer;
         let tokens = match (&req.prompt, &req.messages) {
             (Some(p), None) => tok
-                .encode(p, req.add_special_tokens, true)
+                .encode(p, req.add_special_tokens.unwrap_or(true), true)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?,
             (None, Some(_)) => chat_prompt(
                 tok,
                 model.chat_template.as_ref(),
                 &req.messages,
                 req.tools.as_deref(),
+                Render::new(
+                    req.add_generation_prompt,
+                    req.continue_final_message,
+                    req.add_special_tokens,
+                )?,
             )?,
             _ => {
                 return Err(ApiError::bad_request(
@@ -110,6 +117,48 @@ pub async fn detokenize(
         }
         let prompt = engine.model().tokenizer.decode(&req.tokens, false);
         Ok(Json(json!({"prompt": prompt})))
+    })();
+    r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// vLLM's `GET /tokenizer_info` (behind `--enable-tokenizer-info-endpoint`): the
+/// tokenizer's configuration as Hugging Face's `tokenizer_config.json` names it, for
+/// clients that tokenize on their side.
+pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Response {
+    let r = (|| {
+        let engine = st.engine()?;
+        let tok = &engine.model().tokenizer;
+        let piece = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).map(str::to_string);
+        let mut added: Vec<(u32, Value)> = tok
+            .inner()
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| {
+                (
+                    id,
+                    json!({"content": t.content, "special": t.special, "lstrip": t.lstrip,
+                           "rstrip": t.rstrip, "normalized": t.normalized,
+                           "single_word": t.single_word}),
+                )
+            })
+            .collect();
+        added.sort_by_key(|(id, _)| *id);
+        let decoder: serde_json::Map<String, Value> = added
+            .into_iter()
+            .map(|(id, t)| (id.to_string(), t))
+            .collect();
+        Ok::<_, ApiError>(Json(json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": tok.add_bos(),
+            "add_eos_token": tok.add_eos(),
+            "bos_token": piece(tok.bos_id()),
+            "eos_token": piece(tok.eos_id()),
+            "chat_template": tok.chat_template(),
+            "model_max_length": engine.limits().max_model_len,
+            "vocab_size": tok.vocab_size(),
+            "clean_up_tokenization_spaces": false,
+            "added_tokens_decoder": decoder,
+        })))
     })();
     r.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }

@@ -1,6 +1,6 @@
 //! The OpenAI wire types the generation endpoints accept.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -32,8 +32,9 @@ pub(crate) enum LogprobsInput {
 
 #[derive(Debug, Clone, Deserialize, Default)]
 pub(crate) struct StreamOptions {
-    #[serde(default)]
-    pub(crate) include_usage: bool,
+    pub(crate) include_usage: Option<bool>,
+    /// vLLM's: with `include_usage`, every chunk carries the usage so far.
+    pub(crate) continuous_usage_stats: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +112,7 @@ pub struct GenRequest {
     pub(crate) repetition_penalty: Option<f32>,
     pub(crate) stop: Option<StopInput>,
     pub(crate) stop_token_ids: Option<Vec<u32>>,
+    #[serde(default, deserialize_with = "seed")]
     pub(crate) seed: Option<i64>,
     pub(crate) echo: Option<bool>,
     pub(crate) n: Option<i64>,
@@ -129,6 +131,26 @@ pub struct GenRequest {
     pub(crate) return_token_ids: Option<bool>,
     /// vLLM's: name tokens in logprobs `token_id:N` instead of by their text.
     pub(crate) return_tokens_as_token_ids: Option<bool>,
+    /// vLLM's: only these tokens may be sampled.
+    pub(crate) allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's: with logprobs, report these tokens' logprobs (and the sampled one's)
+    /// instead of the most likely tokens'.
+    pub(crate) logprob_token_ids: Option<Vec<u32>>,
+    /// vLLM's disaggregated-prefill handoff. Its `prompt_token_ids`, the prompt another
+    /// server tokenized, are used as they are instead of tokenizing `messages` or
+    /// `prompt`; the connector fields are accepted and have nothing to act on here
+    /// (the prompt is computed, or taken from the prefix cache).
+    pub(crate) kv_transfer_params: Option<KvTransferParams>,
+    /// Set by the server, not the client: the engine's limits on logprobs.
+    #[serde(skip)]
+    pub(crate) logprob_limit: LogprobLimit,
+    /// Which end `truncate_prompt_tokens` cuts: `left` (default: keep the last tokens)
+    /// or `right`.
+    pub(crate) truncation_side: Option<String>,
+    /// Chat: end the prompt with the opening of an assistant turn (default true).
+    pub(crate) add_generation_prompt: Option<bool>,
+    /// Chat: let the model continue the final message instead.
+    pub(crate) continue_final_message: Option<bool>,
     /// Continue a request another replica started (see `pagellm_engine::Resume`).
     pub(crate) pagellm_resume: Option<ResumeInput>,
     /// OpenAI's: token id (as a string) → bias added to its logit, in [-100, 100].
@@ -157,4 +179,79 @@ pub(crate) struct ResumeInput {
     pub(crate) output_token_ids: Vec<u32>,
     #[serde(default)]
     pub(crate) text_offset: usize,
+}
+
+/// A seed anywhere in the i64 range. Outside it, the error names the bound crossed with
+/// pydantic's words, which vLLM's clients match on.
+fn seed<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(i) = n.as_i64() {
+        return Ok(Some(i));
+    }
+    let f = n.as_f64().unwrap_or(f64::NAN);
+    let msg = if f.fract() != 0.0 || !f.is_finite() {
+        format!("Input should be a valid integer, got {n}")
+    } else if f > 0.0 {
+        format!(
+            "Input should be less than or equal to {} (less_than_equal), got {n}",
+            i64::MAX
+        )
+    } else {
+        format!(
+            "Input should be greater than or equal to {} (greater_than_equal), got {n}",
+            i64::MIN
+        )
+    };
+    Err(D::Error::custom(msg))
+}
+
+/// How many alternatives per token a request may ask for, and what -1 (the whole
+/// vocabulary) means.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogprobLimit {
+    pub(crate) max: usize,
+    pub(crate) vocab: usize,
+}
+
+impl Default for LogprobLimit {
+    fn default() -> Self {
+        Self {
+            max: pagellm_engine::MAX_LOGPROBS,
+            vocab: usize::MAX,
+        }
+    }
+}
+
+impl LogprobLimit {
+    pub(crate) fn of(limits: &pagellm_engine::EngineLimits) -> Self {
+        Self {
+            max: limits.max_logprobs,
+            vocab: limits.vocab_size,
+        }
+    }
+
+    /// `k` alternatives, -1 meaning the whole vocabulary, checked against the limit.
+    pub(crate) fn check(&self, k: i64, name: &str) -> Result<usize, ApiError> {
+        let want = if k == -1 { self.vocab as i64 } else { k };
+        if (0..=self.max as i64).contains(&want) {
+            Ok(want as usize)
+        } else {
+            Err(ApiError::bad_request(
+                format!(
+                    "{name} must be between 0 and {} (the server's --max-logprobs; -1 asks for \
+                     the whole vocabulary), got {k}",
+                    self.max
+                ),
+                Some(name),
+            ))
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct KvTransferParams {
+    pub(crate) prompt_token_ids: Option<Vec<u32>>,
 }

@@ -5,3 +5,4 @@
 mod common;
 mod server;
 mod tiny_server;
+mod vllm_options;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 const NAME: &str = "smollm2";
 const KEY: &str = "sesame";
 
-fn model() -> Arc<LoadedModel> {
+pub(crate) fn model() -> Arc<LoadedModel> {
     static MODEL: OnceLock<Arc<LoadedModel>> = OnceLock::new();
     MODEL
         .get_or_init(|| {
@@ -38,6 +38,8 @@ fn new_server(grace: Duration) -> TestServer {
             served_model_name: NAME.into(),
             api_key: Some(KEY.into()),
             max_body_bytes: 1 << 20,
+            prompt_tokens_details: true,
+            ..ServerConfig::new(NAME)
         },
         Engine::start(model(), &config).unwrap(),
     );

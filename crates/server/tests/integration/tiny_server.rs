@@ -21,6 +21,7 @@ fn server_config() -> ServerConfig {
         served_model_name: NAME.into(),
         api_key: Some(KEY.into()),
         max_body_bytes: 64 << 10,
+        ..ServerConfig::new(NAME)
     }
 }
 
