@@ -159,7 +159,7 @@ def gateway(browser, binary, model, first_base, fails, errors, shots, tmp):
                         f"api_base: \"{base}/v1\", api_key: {API_KEY}}}, model_info: {{id: {rid}}}}}\n")
             f.write(f"general_settings: {{master_key: {MASTER}}}\n"
                     f"pagellm_settings: {{tokenizers: {{{model}: {model}}}, "
-                    f"health_check: {{interval: 0.5}}, metrics_interval: 0.5}}\n")
+                    f"health_check: {{interval: 0.5}}, metrics_interval: 0.5, key_store: {{type: memory}}}}\n")
         port = free_port()
         gw = subprocess.Popen([binary, "gateway", "--config", cfg, "--port", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -180,14 +180,14 @@ def gateway(browser, binary, model, first_base, fails, errors, shots, tmp):
             fails.append(f"gateway page: the replicas are not shown up: {s['states']}")
         cmd = [binary, "bench", "serve", "--base-url", gw_base, "--model", model, "--api-key", MASTER,
                "--dataset", "prefix-repetition", "--num-prefixes", "4", "--prefix-len", "128",
-               "--input-len", "16", "--output-len", "24", "--num-prompts", "32",
+               "--input-len", "16", "--output-len", "32", "--num-prompts", "48",
                "--max-concurrency", "8", "--ignore-eos", "--quiet"]
         bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seen, shot = [], False
         while bench.poll() is None:
             s = page.evaluate(GATEWAY_STATE)
             seen.append(s)
-            if shots and not shot and s["rows"] >= 8 and s["inflight"] >= 2:
+            if shots and not shot and s["outcomes"].count("200") >= 24 and s["inflight"] >= 2:
                 page.screenshot(path=os.path.join(shots, "gateway-dashboard.png"), full_page=True)
                 shot = True
             time.sleep(0.25)

@@ -2,7 +2,7 @@
 //! replicas, their health and load, and the routing decisions as they are made. One
 //! page built into the binary (its helpers and stylesheet are the server dashboard's),
 //! fed by `GET /dashboard/events`, server-sent events with one JSON frame every
-//! [`FRAME_INTERVAL`]:
+//! half second (`pagellm_server::dashboard::FRAME_INTERVAL`):
 //!
 //! ```text
 //! {"t": unix ms, "policy": "prefix_aware",
@@ -21,22 +21,18 @@
 //! key when one is configured: routing shows every client's traffic.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use pagellm_server::dashboard::{asset, COMMON_JS, STYLE_CSS};
+use pagellm_server::dashboard::{asset, frame_stream, COMMON_JS, STYLE_CSS};
 use serde::Serialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::GatewayError;
 use crate::proxy::{authenticate, Principal};
@@ -44,8 +40,6 @@ use crate::replica::Replica;
 use crate::routing::Reason;
 use crate::Gateway;
 
-/// Time between two frames of the event stream.
-pub const FRAME_INTERVAL: Duration = Duration::from_millis(500);
 /// Decisions the gateway remembers.
 const LOG_CAP: usize = 512;
 /// Decisions sent per frame (the newest).
@@ -149,19 +143,7 @@ async fn events(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
         }
         Err(e) => return e.into_response(),
     }
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(4);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(FRAME_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tick.tick().await;
-            let data = frame(&gw).to_string();
-            if tx.send(Ok(Event::default().data(data))).await.is_err() {
-                return; // the page went away
-            }
-        }
-    });
-    Sse::new(ReceiverStream::new(rx)).into_response()
+    frame_stream(move || Some(frame(&gw)))
 }
 
 /// One frame of the event stream (see the module docs).

@@ -77,18 +77,27 @@ async fn events(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response
     if let Err(e) = crate::api::check_key(&st, &headers) {
         return e.into_response();
     }
+    // A stream that never ends would hold a graceful shutdown until its deadline.
+    frame_stream(move || (!st.draining.load(Ordering::Acquire)).then(|| frame(&st)))
+}
+
+/// Server-sent events with the frame `next` makes every [`FRAME_INTERVAL`], until it
+/// makes none or the page goes away. The gateway's dashboard streams with it too.
+pub fn frame_stream(mut next: impl FnMut() -> Option<Value> + Send + 'static) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(4);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(FRAME_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            // A stream that never ends would hold a graceful shutdown until its deadline.
-            if st.draining.load(Ordering::Acquire) {
+            let Some(frame) = next() else {
                 return;
-            }
-            let data = frame(&st).to_string();
-            if tx.send(Ok(Event::default().data(data))).await.is_err() {
+            };
+            if tx
+                .send(Ok(Event::default().data(frame.to_string())))
+                .await
+                .is_err()
+            {
                 return; // the page went away
             }
         }

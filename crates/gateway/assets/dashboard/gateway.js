@@ -18,25 +18,11 @@ window.gateway = state;
 
 const authHeaders = () => (state.key ? { Authorization: `Bearer ${state.key}` } : {});
 
-async function connect() {
-  for (;;) {
-    try {
-      const r = await fetch("/dashboard/events", { headers: authHeaders() });
-      if (r.status === 401) {
-        $("keybox").hidden = false;
-        setStatus("", "the gateway needs its master key");
-        $("policy").textContent = "enter the gateway's master key";
-        await sleep(2000);
-        continue;
-      }
-      if (!r.ok) throw new Error(`HTTP ${r.status}`);
-      await readEvents(r, (d) => onFrame(JSON.parse(d)));
-    } catch (e) {
-      // the gateway restarted or went away: retry below
-    }
-    setStatus("", "disconnected; retrying");
-    await sleep(1000);
-  }
+function connect() {
+  return followEvents(authHeaders, onFrame, () => {
+    setStatus("", "the gateway needs its master key");
+    $("policy").textContent = "enter the gateway's master key";
+  });
 }
 
 function onFrame(f) {
@@ -106,7 +92,7 @@ function drawReplicas() {
       const cap = r.max_concurrency || Math.max(4, ...rs.map((x) => x.in_flight));
       const load = r.load_age == null
         ? `<p class="muted">no load figures (metrics not scraped)</p>`
-        : bar("KV cache", r.kv_usage, 1, `${fmt(100 * r.kv_usage, 0)}%`) +
+        : bar("KV cache", r.kv_usage, 1, `${fmt(100 * r.kv_usage, 1)}%`) +
           `<p class="muted">running ${fmt(r.running)} · waiting ${fmt(r.waiting)}</p>`;
       const prefix = r.kv_events
         ? `${r.blocks_exact} cached blocks (KV events)${r.num_blocks ? ` of ${r.num_blocks}` : ""}`

@@ -23,25 +23,11 @@ const authHeaders = () => (state.key ? { Authorization: `Bearer ${state.key}` } 
 
 // ---- the live stream -------------------------------------------------------------
 
-async function connect() {
-  for (;;) {
-    try {
-      const r = await fetch("/dashboard/events", { headers: authHeaders() });
-      if (r.status === 401) {
-        $("keybox").hidden = false;
-        setStatus("", "the server needs an API key");
-        $("model").textContent = "enter the server's API key";
-        await sleep(2000);
-        continue;
-      }
-      if (!r.ok) throw new Error(`HTTP ${r.status}`);
-      await readEvents(r, (d) => onFrame(JSON.parse(d)));
-    } catch (e) {
-      // the server restarted or went away: retry below
-    }
-    setStatus("", "disconnected; retrying");
-    await sleep(1000);
-  }
+function connect() {
+  return followEvents(authHeaders, onFrame, () => {
+    setStatus("", "the server needs an API key");
+    $("model").textContent = "enter the server's API key";
+  });
 }
 
 function onFrame(f) {

@@ -40,6 +40,29 @@ async function readEvents(response, onData) {
   }
 }
 
+// Follows a dashboard's live stream (GET /dashboard/events) for good: `headers()` gives
+// the request's auth headers, `onFrame` gets each parsed frame, and `onUnauthorized`
+// runs on a 401 (the page asks for its key) before the next try.
+async function followEvents(headers, onFrame, onUnauthorized) {
+  for (;;) {
+    try {
+      const r = await fetch("/dashboard/events", { headers: headers() });
+      if (r.status === 401) {
+        $("keybox").hidden = false;
+        onUnauthorized();
+        await sleep(2000);
+        continue;
+      }
+      if (!r.ok) throw new Error(`HTTP ${r.status}`);
+      await readEvents(r, (d) => onFrame(JSON.parse(d)));
+    } catch (e) {
+      // the server restarted or went away: retry below
+    }
+    setStatus("", "disconnected; retrying");
+    await sleep(1000);
+  }
+}
+
 // Sizes a canvas's backing store to its CSS box; returns the context and CSS size.
 function fit(canvas, cssHeight) {
   const dpr = window.devicePixelRatio || 1;
