@@ -520,7 +520,7 @@ impl EngineCore {
                 rank: 1 + raw.iter().filter(|&&x| x > raw[tok as usize]).count(),
                 top: match pinned {
                     None => top,
-                    Some(ids) => pinned_logprobs(ids, tok, &raw, log_z),
+                    Some(ids) => crate::logprobs::pinned(ids, tok, &raw, log_z),
                 },
             });
             if let Some(fid) = self.on_token(id, tok, logprobs, now) {
@@ -756,20 +756,6 @@ impl EngineCore {
     }
 }
 
-/// `logprob_token_ids`: the pinned tokens and the sampled one, each once, most likely
-/// first (ties to the lower id).
-fn pinned_logprobs(ids: &[u32], sampled: u32, raw: &[f32], log_z: f32) -> Vec<(u32, f32)> {
-    let mut top: Vec<(u32, f32)> = ids
-        .iter()
-        .copied()
-        .chain([sampled])
-        .map(|t| (t, raw[t as usize] - log_z))
-        .collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    top.dedup_by_key(|e| e.0);
-    top
-}
-
 /// Records the logprobs of the prompt tokens that a chunk's logits rows predict: the row
 /// of position `start + j` gives the token at `start + j + 1`.
 fn record_prompt_logprobs(req: &mut Request, rows: &[f32], vocab: usize, start: usize) {
@@ -788,21 +774,5 @@ fn record_prompt_logprobs(req: &mut Request, rows: &[f32], vocab: usize, start: 
         let ls = LogSoftmax::new(row);
         req.prompt_logprobs.push(ls.token(req.tokens[target], k));
         req.num_prompt_logprobs = target;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pinned_logprobs_hold_the_pinned_and_the_sampled_token_once() {
-        let raw = [0.0f32, 2.0, 1.0, 3.0];
-        let log_z = 3.5;
-        let top = pinned_logprobs(&[2, 0, 2], 3, &raw, log_z);
-        assert_eq!(top, vec![(3, -0.5), (2, -2.5), (0, -3.5)]);
-        // The sampled token among the pinned ones is not repeated.
-        let top = pinned_logprobs(&[1, 0], 1, &raw, log_z);
-        assert_eq!(top, vec![(1, -1.5), (0, -3.5)]);
     }
 }

@@ -87,6 +87,20 @@ impl<'a> LogSoftmax<'a> {
     }
 }
 
+/// `logprob_token_ids`: the pinned tokens and the sampled one, each once, most likely
+/// first (ties to the lower id).
+pub(crate) fn pinned(ids: &[u32], sampled: u32, raw: &[f32], log_z: f32) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = ids
+        .iter()
+        .copied()
+        .chain([sampled])
+        .map(|t| (t, raw[t as usize] - log_z))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.dedup_by_key(|e| e.0);
+    top
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +120,34 @@ mod tests {
         let t = ls.token(4, 1);
         assert!(t.logprob < top[2].1 && t.top == vec![top[0]]);
         assert_eq!((t.rank, ls.rank(1), ls.rank(3), ls.rank(2)), (5, 1, 1, 3));
+    }
+
+    #[test]
+    fn pinned_logprobs_hold_the_pinned_and_the_sampled_token_once() {
+        let raw = [0.0f32, 2.0, 1.0, 3.0];
+        let log_z = 3.5;
+        let top = pinned(&[2, 0, 2], 3, &raw, log_z);
+        assert_eq!(top, vec![(3, -0.5), (2, -2.5), (0, -3.5)]);
+        // The sampled token among the pinned ones is not repeated.
+        let top = pinned(&[1, 0], 1, &raw, log_z);
+        assert_eq!(top, vec![(1, -1.5), (0, -3.5)]);
+    }
+
+    #[test]
+    fn many_alternatives_are_sorted_like_a_few() {
+        // Past 2 x MAX_LOGPROBS, `top` sorts the whole row; it must agree with the
+        // one-pass head on the tokens both return, ties included.
+        let logits: Vec<f32> = (0..300u32)
+            .map(|i| ((i * 37) % 101) as f32 * 0.25)
+            .collect();
+        let ls = LogSoftmax::new(&logits);
+        let few = ls.top(MAX_LOGPROBS);
+        let many = ls.top(250);
+        assert_eq!(many.len(), 250);
+        assert_eq!(many[..MAX_LOGPROBS], few[..]);
+        assert!(many
+            .windows(2)
+            .all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0)));
+        assert_eq!(ls.top(usize::MAX).len(), 300);
     }
 }
