@@ -143,6 +143,12 @@ SUBSTITUTIONS: list[tuple[str, str, str, str]] = [
 
 # Failing test id -> reason; a failure listed here does not fail the run.
 EXPECTED_FAILURES: dict[str, str] = {
+    'entrypoints/serve/instrumentator/test_metrics.py::test_metrics_counts[-text]':
+        'model-specific and random: the requests sample at temperature 1 without ignore_eos, and the test expects each to generate all 10 tokens; when the stand-in model samples its end token early (one request stopped after 2 in one run), vllm:iteration_tokens_total_sum is short by the tokens not generated (it stays equal to the prompt plus generation tokens reported)',
+    'entrypoints/serve/instrumentator/test_metrics.py::test_metrics_counts[--enable-chunked-prefill-text]':
+        'model-specific and random: the requests sample at temperature 1 without ignore_eos, and the test expects each to generate all 10 tokens; when the stand-in model samples its end token early (one request stopped after 2 in one run), vllm:iteration_tokens_total_sum is short by the tokens not generated (it stays equal to the prompt plus generation tokens reported)',
+    'entrypoints/serve/instrumentator/test_metrics.py::test_metrics_counts[--show-hidden-metrics-for-version=0.33-text]':
+        'model-specific and random: the requests sample at temperature 1 without ignore_eos, and the test expects each to generate all 10 tokens; when the stand-in model samples its end token early (one request stopped after 2 in one run), vllm:iteration_tokens_total_sum is short by the tokens not generated (it stays equal to the prompt plus generation tokens reported)',
     'entrypoints/openai/chat_completion/test_chat.py::test_structured_outputs_regex_chat':
         'model-specific and random: the stand-in smollm2-135m, sampling at the default temperature, sometimes repeats the same address when asked for a different one (the regex itself is always matched)',
     'entrypoints/openai/test_return_token_ids.py::test_comparison_with_prompt_logprobs_and_logprobs':
