@@ -196,31 +196,125 @@ fn bench_prefill(c: &mut Criterion) {
     let pool = ThreadPool::new(1);
     let mut g = c.benchmark_group("prefill");
     g.sample_size(20);
-    const N: usize = 128;
-    let w_rows = 1536;
     for (ty, cols) in [
         (GgmlType::Q4_1, 576),
         (GgmlType::Q4_K, 1536),
         (GgmlType::Q6_K, 8960),
     ] {
-        let rb = ty.row_bytes(cols).unwrap();
-        let base = weights(ty, cols, &mut rng);
-        let data: Vec<u8> = base.iter().copied().cycle().take(rb * w_rows).collect();
-        let packed = Interleaved::repack(ty, &data, w_rows, cols);
-        let w = WeightRef {
-            packed: packed.as_ref(),
-            ..WeightRef::plain(ty, &data, w_rows, cols)
-        };
-        let mut x = Activations::new();
-        for v in x.reset(N, cols) {
-            *v = rng.gen_range(-2.0..2.0);
-        }
-        let mut out = vec![0f32; N * w_rows];
-        g.throughput(Throughput::Bytes((rb * w_rows) as u64));
-        g.bench_function(format!("{}/{w_rows}x{cols}/n{N}", ty.name()), |b| {
-            b.iter(|| matmul(&pool, &mut x, w, black_box(&mut out)))
-        });
+        bench_packed(&mut g, &pool, &mut rng, ty, 1536, cols, 128);
     }
+    g.finish();
+}
+
+/// One benchmark of `g`: a whole matmul of `n` random activation rows against `w_rows`
+/// rows of `ty` held as the engine holds them (interleaved where the type has a layout
+/// for it). Throughput is in bytes of weights.
+fn bench_packed(
+    g: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>,
+    pool: &ThreadPool,
+    rng: &mut impl Rng,
+    ty: GgmlType,
+    w_rows: usize,
+    cols: usize,
+    n: usize,
+) {
+    let rb = ty.row_bytes(cols).unwrap();
+    let base = weights(ty, cols, rng);
+    let data: Vec<u8> = base.iter().copied().cycle().take(rb * w_rows).collect();
+    let packed = Interleaved::repack(ty, &data, w_rows, cols);
+    let w = WeightRef {
+        packed: packed.as_ref(),
+        ..WeightRef::plain(ty, &data, w_rows, cols)
+    };
+    let mut x = Activations::new();
+    for v in x.reset(n, cols) {
+        *v = rng.gen_range(-2.0..2.0);
+    }
+    let mut out = vec![0f32; n * w_rows];
+    g.throughput(Throughput::Bytes((rb * w_rows) as u64));
+    g.bench_function(format!("{}/{w_rows}x{cols}/n{n}", ty.name()), |b| {
+        b.iter(|| matmul(pool, &mut x, w, black_box(&mut out)))
+    });
+}
+
+/// Decoding: one activation row against about 64 MB of interleaved weights, twice the
+/// L3 of the machines in BENCHMARKS.md, so the weights stream from memory as they do in
+/// a decode step; two threads, as the end-to-end benchmarks run. Throughput is in bytes
+/// of weights: compare it with the machine's read bandwidth.
+fn bench_decode(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(19);
+    let pool = ThreadPool::new(2);
+    let mut g = c.benchmark_group("decode");
+    g.sample_size(20);
+    for (ty, cols) in [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q8_0, 576),
+        (GgmlType::Q4_K, 1536),
+        (GgmlType::Q6_K, 1536),
+    ] {
+        let w_rows = (64 << 20) / ty.row_bytes(cols).unwrap() / 16 * 16;
+        bench_packed(&mut g, &pool, &mut rng, ty, w_rows, cols, 1);
+    }
+    g.finish();
+}
+
+/// Decoding through a small model: 300 different 576x576 Q4_1 weights (SmolLM2-135M's
+/// attention shape, 207 KB each, 62 MB in all, in one buffer) one after the other, one
+/// activation row, two threads. Each call streams a short run from memory, so this measures what a
+/// call costs beyond the bytes (its start-up, the pool's hand-off and the hardware
+/// prefetcher's ramp); `empty_run` is the pool's hand-off alone, 300 times.
+fn bench_decode_small(c: &mut Criterion) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let pool = ThreadPool::new(2);
+    let mut g = c.benchmark_group("decode_small");
+    g.sample_size(20);
+    let (ty, cols, w_rows) = (GgmlType::Q4_1, 576, 576);
+    let rb = ty.row_bytes(cols).unwrap();
+    let base = weights(ty, cols, &mut rng);
+    let data: Vec<u8> = base.iter().copied().cycle().take(rb * w_rows).collect();
+    // In one buffer on huge pages, as a model's repacked weights are held.
+    let len = Interleaved::packed_len(ty, w_rows, cols).expect("repackable");
+    let mut buf = pagellm_kernels::mem::zeroed_huge::<u8>(300 * len);
+    for out in buf.chunks_exact_mut(len) {
+        assert!(Interleaved::repack_into(
+            ty,
+            &data,
+            w_rows,
+            cols,
+            out,
+            |_| {}
+        ));
+    }
+    let buf = std::sync::Arc::new(buf);
+    let copies: Vec<Interleaved> = (0..300)
+        .map(|i| Interleaved::in_buffer(ty, w_rows, cols, buf.clone(), i * len))
+        .collect();
+    let mut x = Activations::new();
+    for v in x.reset(1, cols) {
+        *v = rng.gen_range(-2.0..2.0);
+    }
+    let mut out = vec![0f32; w_rows];
+    g.throughput(Throughput::Bytes((rb * w_rows * copies.len()) as u64));
+    g.bench_function("Q4_1/576x576/n1/x300", |b| {
+        b.iter(|| {
+            for p in &copies {
+                let w = WeightRef {
+                    packed: Some(p),
+                    ..WeightRef::plain(ty, &data, w_rows, cols)
+                };
+                matmul(&pool, &mut x, w, black_box(&mut out))
+            }
+        })
+    });
+    g.bench_function("empty_run/x300", |b| {
+        b.iter(|| {
+            for _ in 0..300 {
+                pool.run(&|t, _| {
+                    black_box(t);
+                })
+            }
+        })
+    });
     g.finish();
 }
 
@@ -345,6 +439,8 @@ criterion_group!(
     bench_quantize,
     bench_matmul,
     bench_prefill,
+    bench_decode,
+    bench_decode_small,
     bench_matmul_int4,
     bench_attention
 );

@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod matmul;
+pub mod mem;
 pub mod ops;
 pub mod pool;
 pub mod quant;

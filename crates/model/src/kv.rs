@@ -1,7 +1,9 @@
 //! Key/value storage for the forward pass.
 //!
 //! [`PagedKvCache`] holds every layer's keys and values in fixed-size blocks shaped
-//! (num_blocks, block_size, n_kv_heads, head_dim). A sequence reaches its tokens through
+//! (num_blocks, n_layers, keys/values, n_kv_heads, block_size, head_dim): within a block
+//! each KV head's rows are one contiguous run, which attention reads in one sweep, and a
+//! block's layers sit together. A sequence reaches its tokens through
 //! a block table (logical block i → physical block); which blocks a sequence owns is
 //! decided by the engine's KV cache manager, not here. [`SeqKvCache`] is the one-sequence
 //! special case (one block as long as the sequence) used by tests and the
@@ -12,6 +14,7 @@ use std::str::FromStr;
 
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
+use pagellm_kernels::mem::zeroed_huge;
 use pagellm_kernels::ops::attention::KvView;
 use pagellm_kernels::quant::wq::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 
@@ -109,13 +112,13 @@ fn row_scale(amax: f32, top: f32) -> f16 {
 impl Buf {
     fn zeroed(dtype: KvDtype, n: usize, head_dim: usize) -> Self {
         match dtype {
-            KvDtype::F16 => Buf::F16(vec![0; n]),
-            KvDtype::Bf16 => Buf::Bf16(vec![0; n]),
-            KvDtype::F32 => Buf::F32(vec![0.0; n]),
+            KvDtype::F16 => Buf::F16(zeroed_huge(n)),
+            KvDtype::Bf16 => Buf::Bf16(zeroed_huge(n)),
+            KvDtype::F32 => Buf::F32(zeroed_huge(n)),
             KvDtype::Fp8 | KvDtype::Int8 => Buf::Q8 {
                 fp8: dtype == KvDtype::Fp8,
                 head_dim,
-                codes: vec![0; n],
+                codes: zeroed_huge(n),
                 scales: vec![0; n / head_dim],
             },
         }
@@ -171,6 +174,21 @@ impl Buf {
         pagellm_kernels::ops::prefetch_range(p, bytes);
     }
 
+    /// Loads consecutive rows of `head_dim` from `at`: one call for the 16-bit and f32
+    /// types, row by row for the 8-bit ones (a scale per row).
+    #[inline]
+    fn load_run(&self, at: usize, dst: &mut [f32]) {
+        match self {
+            Buf::Q8 { head_dim, .. } => {
+                let hd = *head_dim;
+                for (i, d) in dst.chunks_mut(hd).enumerate() {
+                    self.load(at + i * hd, d);
+                }
+            }
+            _ => self.load(at, dst),
+        }
+    }
+
     #[inline]
     fn load(&self, at: usize, dst: &mut [f32]) {
         let r = at..at + dst.len();
@@ -209,10 +227,26 @@ pub struct PagedKvCache {
     dtype: KvDtype,
     num_blocks: usize,
     block_size: usize,
+    n_layers: usize,
     n_kv_heads: usize,
     head_dim: usize,
-    k: Vec<Buf>,
-    v: Vec<Buf>,
+    /// Every block's keys and values, block after block (see [`run_start`]).
+    buf: Buf,
+}
+
+/// Where the run of `block_size` rows of (`block`, `layer`, keys (0) or values (1), KV
+/// head `h`) starts in a cache's buffer, in elements. A block's rows for every layer sit
+/// together, so a block touches one stretch of memory: the OS maps pages as blocks are
+/// first written, and on 2 MiB pages that keeps the resident size near the blocks used.
+#[inline]
+fn run_start(
+    (n_layers, n_kv_heads, block_size, head_dim): (usize, usize, usize, usize),
+    block: usize,
+    layer: usize,
+    part: usize,
+    h: usize,
+) -> usize {
+    (((block * n_layers + layer) * 2 + part) * n_kv_heads + h) * block_size * head_dim
 }
 
 impl PagedKvCache {
@@ -233,20 +267,26 @@ impl PagedKvCache {
         let n = num_blocks
             .checked_mul(block_size)
             .and_then(|x| x.checked_mul(n_kv_heads * head_dim))
+            .and_then(|x| x.checked_mul(2 * n_layers))
             .ok_or_else(|| ModelError::Other("KV cache size overflows".into()))?;
         Ok(Self {
             dtype,
             num_blocks,
             block_size,
+            n_layers,
             n_kv_heads,
             head_dim,
-            k: (0..n_layers)
-                .map(|_| Buf::zeroed(dtype, n, head_dim))
-                .collect(),
-            v: (0..n_layers)
-                .map(|_| Buf::zeroed(dtype, n, head_dim))
-                .collect(),
+            buf: Buf::zeroed(dtype, n, head_dim),
         })
+    }
+
+    fn dims(&self) -> (usize, usize, usize, usize) {
+        (
+            self.n_layers,
+            self.n_kv_heads,
+            self.block_size,
+            self.head_dim,
+        )
     }
 
     /// Bytes one block takes across all layers, keys and values (with the 8-bit types'
@@ -271,82 +311,84 @@ impl PagedKvCache {
         self.block_size
     }
 
-    fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
-    }
-
     /// Stores one token's key and value rows (kv_dim each) of `layer` at `slot`
-    /// (physical block × block_size + offset in the block).
+    /// (physical block × block_size + offset in the block): each KV head's row goes to
+    /// that head's run of the block.
     pub(crate) fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let at = slot * self.kv_dim();
-        self.k[layer].store(at, k);
-        self.v[layer].store(at, v);
+        let (bs, hd, dims) = (self.block_size, self.head_dim, self.dims());
+        for h in 0..self.n_kv_heads {
+            let row = (slot % bs) * hd;
+            let r = h * hd..(h + 1) * hd;
+            let at = |part| run_start(dims, slot / bs, layer, part, h) + row;
+            self.buf.store(at(0), &k[r.clone()]);
+            self.buf.store(at(1), &v[r]);
+        }
     }
 
     /// A view of `layer` through `block_table`.
     pub fn view<'a>(&'a self, layer: usize, block_table: &'a [u32]) -> PagedKvView<'a> {
         PagedKvView {
-            k: &self.k[layer],
-            v: &self.v[layer],
+            buf: &self.buf,
             table: block_table,
-            block_size: self.block_size,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
+            dims: self.dims(),
+            layer,
         }
     }
 }
 
 /// One layer of a [`PagedKvCache`] as one sequence sees it.
 pub struct PagedKvView<'a> {
-    k: &'a Buf,
-    v: &'a Buf,
+    buf: &'a Buf,
     table: &'a [u32],
-    block_size: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
+    dims: (usize, usize, usize, usize),
+    layer: usize,
 }
 
 impl PagedKvView<'_> {
+    /// Where the run of keys (`part` 0) or values (1) of head `h` in the sequence's
+    /// block `b` starts.
     #[inline]
-    fn offset(&self, pos: usize, h: usize) -> usize {
-        let slot =
-            self.table[pos / self.block_size] as usize * self.block_size + pos % self.block_size;
-        (slot * self.n_kv_heads + h) * self.head_dim
+    fn run(&self, b: usize, part: usize, h: usize) -> usize {
+        run_start(self.dims, self.table[b] as usize, self.layer, part, h)
+    }
+
+    #[inline]
+    fn offset(&self, pos: usize, part: usize, h: usize) -> usize {
+        let (_, _, bs, hd) = self.dims;
+        self.run(pos / bs, part, h) + pos % bs * hd
     }
 }
 
 impl KvView for PagedKvView<'_> {
     #[inline]
     fn load_key(&self, pos: usize, h: usize, dst: &mut [f32]) {
-        self.k.load(self.offset(pos, h), dst);
+        self.buf.load(self.offset(pos, 0, h), dst);
     }
     #[inline]
     fn load_value(&self, pos: usize, h: usize, dst: &mut [f32]) {
-        self.v.load(self.offset(pos, h), dst);
+        self.buf.load(self.offset(pos, 1, h), dst);
     }
-    /// Block by block: one table lookup per block. The rows a few positions ahead are
-    /// prefetched because blocks sit at scattered addresses; on the AVX-512 EPYC of
-    /// BENCHMARKS.md (2026-12-07) that made no measurable difference, as a batched
-    /// decode's key/value reads are bandwidth-bound there.
+    /// Block by block: a head's rows of a block are one contiguous run, converted in
+    /// one call. Blocks sit at scattered addresses where the hardware prefetcher cannot
+    /// follow, so the runs of the next `AHEAD` blocks are prefetched while one converts
+    /// (one block ahead was not enough to cover the memory latency).
     fn load_rows(&self, n: usize, h: usize, k: &mut [f32], v: &mut [f32]) {
-        const AHEAD: usize = 8;
-        let (hd, bs) = (self.head_dim, self.block_size);
-        let row = |pos: usize| {
-            let slot = self.table[pos / bs] as usize * bs + pos % bs;
-            (slot * self.n_kv_heads + h) * hd
+        const AHEAD: usize = 4;
+        let (_, _, bs, hd) = self.dims;
+        let rows = |b: usize| (n - b * bs).min(bs);
+        let fetch = |b: usize| {
+            self.buf.prefetch(self.run(b, 0, h), rows(b) * hd);
+            self.buf.prefetch(self.run(b, 1, h), rows(b) * hd);
         };
-        for b in 0..n.div_ceil(bs) {
-            let base = self.table[b] as usize * bs;
-            for j in b * bs..((b + 1) * bs).min(n) {
-                if j + AHEAD < n {
-                    let o = row(j + AHEAD);
-                    self.k.prefetch(o, hd);
-                    self.v.prefetch(o, hd);
-                }
-                let o = ((base + j % bs) * self.n_kv_heads + h) * hd;
-                self.k.load(o, &mut k[j * hd..(j + 1) * hd]);
-                self.v.load(o, &mut v[j * hd..(j + 1) * hd]);
+        let blocks = n.div_ceil(bs);
+        (0..blocks.min(AHEAD)).for_each(fetch);
+        for b in 0..blocks {
+            if b + AHEAD < blocks {
+                fetch(b + AHEAD);
             }
+            let r = b * bs * hd..(b * bs + rows(b)) * hd;
+            self.buf.load_run(self.run(b, 0, h), &mut k[r.clone()]);
+            self.buf.load_run(self.run(b, 1, h), &mut v[r]);
         }
     }
 }
@@ -446,46 +488,53 @@ mod tests {
     }
 
     /// A paged view's bulk load walks the block table as the per-row loads do: blocks
-    /// out of order, a partial last block, every dtype and head.
+    /// out of order, a partial last block, every dtype, head and layer; and each row
+    /// read back is the one written there (exactly in f32, within the type's rounding
+    /// otherwise), not a neighbouring layer's, head's or block's.
     #[test]
     fn bulk_rows_follow_the_block_table() {
         use pagellm_kernels::ops::attention::KvView;
-        let (heads, hd, bs) = (3, 8, 4);
+        let (layers, heads, hd, bs) = (2, 3, 8, 4);
+        let row = |layer: usize, pos: usize, s: f32| -> Vec<f32> {
+            (0..heads * hd)
+                .map(|i| s * ((layer * 17 + pos) * 31 + i) as f32 / 97.0 - 1.0)
+                .collect()
+        };
         for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32, KvDtype::Int8] {
-            let mut c = PagedKvCache::new(1, heads, hd, bs, 6, dtype).unwrap();
+            let mut c = PagedKvCache::new(layers, heads, hd, bs, 6, dtype).unwrap();
             let table = [4u32, 1, 5, 0];
             let n = 14;
-            for pos in 0..n {
-                let slot = table[pos / bs] as usize * bs + pos % bs;
-                let row = |s: f32| -> Vec<f32> {
-                    (0..heads * hd)
-                        .map(|i| s * (pos * 31 + i) as f32 / 97.0 - 1.0)
-                        .collect()
-                };
-                c.write(0, slot, &row(1.0), &row(-0.5));
-            }
-            let view = c.view(0, &table);
-            for h in 0..heads {
-                let (mut k, mut v) = (vec![f32::NAN; n * hd], vec![f32::NAN; n * hd]);
-                view.load_rows(n, h, &mut k, &mut v);
+            for layer in 0..layers {
                 for pos in 0..n {
-                    let (mut kr, mut vr) = (vec![0f32; hd], vec![0f32; hd]);
-                    view.load_key(pos, h, &mut kr);
-                    view.load_value(pos, h, &mut vr);
-                    assert_eq!(
-                        &k[pos * hd..(pos + 1) * hd],
-                        &kr[..],
-                        "{dtype} key {pos} head {h}"
-                    );
-                    assert_eq!(
-                        &v[pos * hd..(pos + 1) * hd],
-                        &vr[..],
-                        "{dtype} value {pos} head {h}"
-                    );
-                    assert!(
-                        kr.iter().any(|&x| x != 0.0),
-                        "{dtype} key {pos} was never written"
-                    );
+                    let slot = table[pos / bs] as usize * bs + pos % bs;
+                    c.write(layer, slot, &row(layer, pos, 1.0), &row(layer, pos, -0.5));
+                }
+            }
+            for layer in 0..layers {
+                let view = c.view(layer, &table);
+                for h in 0..heads {
+                    let (mut k, mut v) = (vec![f32::NAN; n * hd], vec![f32::NAN; n * hd]);
+                    view.load_rows(n, h, &mut k, &mut v);
+                    for pos in 0..n {
+                        let (mut kr, mut vr) = (vec![0f32; hd], vec![0f32; hd]);
+                        view.load_key(pos, h, &mut kr);
+                        view.load_value(pos, h, &mut vr);
+                        let at = format!("{dtype} layer {layer} pos {pos} head {h}");
+                        assert_eq!(&k[pos * hd..(pos + 1) * hd], &kr[..], "key, {at}");
+                        assert_eq!(&v[pos * hd..(pos + 1) * hd], &vr[..], "value, {at}");
+                        for (got, s) in [(&kr, 1.0), (&vr, -0.5)] {
+                            let want = &row(layer, pos, s)[h * hd..(h + 1) * hd];
+                            let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+                            for (g, w) in got.iter().zip(want) {
+                                let tol = match dtype {
+                                    KvDtype::F32 => 0.0,
+                                    KvDtype::Int8 => amax / 127.0,
+                                    _ => w.abs() / 64.0,
+                                };
+                                assert!((g - w).abs() <= tol, "{at}: {g} for {w}");
+                            }
+                        }
+                    }
                 }
             }
         }

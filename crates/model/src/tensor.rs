@@ -114,11 +114,43 @@ impl Tensor {
     /// lookups of a tied embedding, the float reference path) fault them back in from
     /// the file. Returns whether it repacked.
     pub fn repack(&mut self) -> bool {
-        if self.packed.is_some() || self.params.is_some() {
-            return false;
+        Self::repack_all(&mut [self]) == 1
+    }
+
+    /// [`Tensor::repack`] for several weights at once, into one buffer advised onto huge
+    /// pages: a model's weights are mostly smaller than a huge page (2 MiB), and
+    /// streaming them from 4 KiB pages costs a page walk every 4 KiB (a decode-shaped
+    /// matmul from memory measured 33 GiB/s on small pages against 43 on huge ones, on
+    /// the AVX-512 EPYC of BENCHMARKS.md). Returns how many it repacked.
+    pub fn repack_all(tensors: &mut [&mut Tensor]) -> usize {
+        let len = |t: &Tensor| {
+            (t.packed.is_none() && t.params.is_none())
+                .then(|| Interleaved::packed_len(t.ty, t.rows(), t.cols()))
+                .flatten()
+        };
+        let total: usize = tensors.iter().filter_map(|t| len(t)).sum();
+        let mut buf = pagellm_kernels::mem::zeroed_huge::<u8>(total);
+        let mut made = Vec::new();
+        let mut at = 0;
+        for (i, t) in tensors.iter_mut().enumerate() {
+            let Some(n) = len(t) else { continue };
+            if t.repack_into(&mut buf[at..at + n]) {
+                made.push((i, at));
+            }
+            at += n;
         }
-        // Each stretch of the mapped rows is released as soon as it has been copied, so
-        // the weight is never resident twice.
+        let buf = Arc::new(buf);
+        for &(i, start) in &made {
+            let t = &mut tensors[i];
+            let p = Interleaved::in_buffer(t.ty, t.rows(), t.cols(), Arc::clone(&buf), start);
+            t.packed = Some(Arc::new(p));
+        }
+        made.len()
+    }
+
+    /// Writes this weight's interleaved bytes into `out`, releasing each stretch of the
+    /// mapped rows as soon as it has been copied, so the weight is never resident twice.
+    fn repack_into(&self, out: &mut [u8]) -> bool {
         #[cfg(unix)]
         let mut released = 0;
         #[cfg(unix)]
@@ -139,13 +171,7 @@ impl Tensor {
         };
         #[cfg(not(unix))]
         let release = |_: usize| {};
-        let packed =
-            Interleaved::repack_releasing(self.ty, self.data(), self.rows(), self.cols(), release);
-        let Some(p) = packed else {
-            return false;
-        };
-        self.packed = Some(Arc::new(p));
-        true
+        Interleaved::repack_into(self.ty, self.data(), self.rows(), self.cols(), out, release)
     }
 
     /// The interleaved copy made by [`Tensor::repack`].
@@ -247,5 +273,64 @@ impl TensorSet {
 
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Repacking several weights into one buffer gives each the bytes repacking it alone
+    /// gives, and leaves alone what has no interleaved layout (f32; rows not a multiple
+    /// of eight).
+    #[test]
+    fn repacking_together_matches_repacking_alone() {
+        let shapes = [
+            (GgmlType::Q4_1, 64, 16),
+            (GgmlType::F32, 32, 8),
+            (GgmlType::Q8_0, 96, 24),
+            (GgmlType::Q4_1, 64, 12),
+            (GgmlType::Q4_K, 256, 8),
+        ];
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::new();
+        for &(ty, cols, rows) in &shapes {
+            offsets.push(bytes.len());
+            let n = ty.row_bytes(cols).unwrap() * rows;
+            // Bytes below 0x40 keep every f16 scale finite.
+            let base = bytes.len();
+            bytes.extend((0..n).map(|i| ((i * 7919 + base * 31) % 64) as u8));
+        }
+        let storage = Arc::new(Storage::Owned(bytes));
+        let make = || -> Vec<Tensor> {
+            shapes
+                .iter()
+                .zip(&offsets)
+                .map(|(&(ty, cols, rows), &off)| {
+                    Tensor::new(
+                        format!("{ty:?}"),
+                        ty,
+                        vec![cols, rows],
+                        storage.clone(),
+                        off,
+                    )
+                    .unwrap()
+                })
+                .collect()
+        };
+        let mut alone = make();
+        let made_alone: Vec<bool> = alone.iter_mut().map(|t| t.repack()).collect();
+        assert_eq!(made_alone, [true, false, true, false, true]);
+        let mut together = make();
+        let mut refs: Vec<&mut Tensor> = together.iter_mut().collect();
+        assert_eq!(Tensor::repack_all(&mut refs), 3);
+        assert_eq!(Tensor::repack_all(&mut refs), 0, "already repacked");
+        for (a, t) in alone.iter().zip(&together) {
+            match (a.packed(), t.packed()) {
+                (Some(a), Some(t)) => assert_eq!(a.bytes(), t.bytes(), "{}", a.ty.name()),
+                (None, None) => {}
+                _ => panic!("repacked alone but not together, or the reverse"),
+            }
+        }
     }
 }

@@ -254,12 +254,12 @@ impl Transformer {
         rope.ensure(c.context_length.min(1 << 17));
         let mut output = output;
         if interleave::repack_enabled() {
-            for l in &mut layers {
-                for w in l.mats_mut() {
-                    w.repack();
-                }
-            }
-            output.repack();
+            let mut mats: Vec<&mut Tensor> = layers
+                .iter_mut()
+                .flat_map(|l| l.mats_mut())
+                .chain([&mut output])
+                .collect();
+            Tensor::repack_all(&mut mats);
         }
         Ok(Self {
             config,

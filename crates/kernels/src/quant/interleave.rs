@@ -56,12 +56,15 @@ use half::f16;
 /// Rows per interleaved group.
 pub const R8: usize = 8;
 
-/// A weight matrix repacked into the interleaved layout (see the module docs).
+/// A weight matrix repacked into the interleaved layout (see the module docs). Its
+/// bytes are a range of a buffer that may hold other weights too: a model's repacked
+/// weights share one buffer on huge pages (see [`Interleaved::repack_into`]).
 pub struct Interleaved {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    pub data: Vec<u8>,
+    buf: std::sync::Arc<Vec<u8>>,
+    start: usize,
 }
 
 /// Dot products of one interleaved group (`group`: the group's `cols / 32` blocks) with
@@ -151,15 +154,44 @@ impl Interleaved {
         data: &[u8],
         rows: usize,
         cols: usize,
-        mut release: impl FnMut(usize),
+        release: impl FnMut(usize),
     ) -> Option<Self> {
+        let len = Self::packed_len(ty, rows, cols)?;
+        let mut out = crate::mem::zeroed_huge::<u8>(len);
+        Self::repack_into(ty, data, rows, cols, &mut out, release).then_some(())?;
+        Some(Self::in_buffer(ty, rows, cols, std::sync::Arc::new(out), 0))
+    }
+
+    /// Bytes the interleaved copy of `rows` × `cols` of `ty` takes; `None` when `ty` has
+    /// no interleaved layout or `rows` is not a multiple of eight.
+    pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
         let gbb = group_block_bytes(ty)?;
-        let rb = ty.row_bytes(cols)?;
-        if rows == 0 || !rows.is_multiple_of(R8) || data.len() < rows * rb {
-            return None;
+        ty.row_bytes(cols)?;
+        (rows > 0 && rows.is_multiple_of(R8)).then(|| rows / R8 * (cols / ty.block_elems()) * gbb)
+    }
+
+    /// Repacks into `out` (exactly [`Interleaved::packed_len`] bytes), calling
+    /// `release` as [`Interleaved::repack_releasing`] does; false when the weight has
+    /// no interleaved layout or `data` or `out` has the wrong size.
+    pub fn repack_into(
+        ty: GgmlType,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+        out: &mut [u8],
+        mut release: impl FnMut(usize),
+    ) -> bool {
+        let (Some(len), Some(gbb), Some(rb)) = (
+            Self::packed_len(ty, rows, cols),
+            group_block_bytes(ty),
+            ty.row_bytes(cols),
+        ) else {
+            return false;
+        };
+        if out.len() != len || data.len() < rows * rb {
+            return false;
         }
         let nb = cols / ty.block_elems();
-        let mut out = vec![0u8; rows / R8 * nb * gbb];
         // About a megabyte of source rows at a time.
         let step = (1 << 20) / (R8 * rb) + 1;
         let (src_group, out_group) = (R8 * rb, nb * gbb);
@@ -172,12 +204,36 @@ impl Interleaved {
             }
             release(k * step * src_group + src.len());
         }
-        Some(Self {
+        true
+    }
+
+    /// The interleaved weight whose bytes [`Interleaved::repack_into`] wrote at
+    /// `buf[start..]`.
+    pub fn in_buffer(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        buf: std::sync::Arc<Vec<u8>>,
+        start: usize,
+    ) -> Self {
+        let len = Self::packed_len(ty, rows, cols).expect("a repackable weight");
+        assert!(
+            start + len <= buf.len(),
+            "interleaved bytes outside their buffer"
+        );
+        Self {
             ty,
             rows,
             cols,
-            data: out,
-        })
+            buf,
+            start,
+        }
+    }
+
+    /// The interleaved bytes.
+    pub fn bytes(&self) -> &[u8] {
+        let len = Self::packed_len(self.ty, self.rows, self.cols).expect("made by repack");
+        &self.buf[self.start..self.start + len]
     }
 
     /// Bytes of one group (8 rows, all columns).
@@ -187,8 +243,13 @@ impl Interleaved {
 
     /// The bytes of group `g` (rows `8g..8g + 8`).
     pub fn group(&self, g: usize) -> &[u8] {
+        assert!(
+            g < self.rows / R8,
+            "group {g} of a {}-row weight",
+            self.rows
+        );
         let gb = self.group_bytes();
-        &self.data[g * gb..(g + 1) * gb]
+        &self.buf[self.start + g * gb..self.start + (g + 1) * gb]
     }
 
     /// Row `r` back in its GGML layout (for tests: repacking loses nothing). The

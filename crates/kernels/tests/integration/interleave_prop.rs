@@ -232,7 +232,7 @@ proptest! {
     fn repack_round_trips(seed in 0u64..1_000_000, ty_i in 0usize..3, groups in 1usize..4, blocks in 1usize..5) {
         let c = case(seed, ty_i, groups, blocks, 1);
         let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
-        prop_assert_eq!(p.data.len(), c.w.len());
+        prop_assert_eq!(p.bytes().len(), c.w.len());
         let rb = c.ty.row_bytes(c.cols).unwrap();
         for r in 0..c.rows {
             prop_assert_eq!(&p.ggml_row(r)[..], &c.w[r * rb..(r + 1) * rb], "row {}", r);
