@@ -260,9 +260,9 @@ fn bench_decode(c: &mut Criterion) {
 
 /// Decoding through a small model: 300 different 576x576 Q4_1 weights (SmolLM2-135M's
 /// attention shape, 207 KB each, 62 MB in all, in one buffer) one after the other, one
-/// activation row, two threads. Each call streams a short run from memory, so this measures what a
-/// call costs beyond the bytes (its start-up, the pool's hand-off and the hardware
-/// prefetcher's ramp); `empty_run` is the pool's hand-off alone, 300 times.
+/// activation row, two threads. Each call streams a short run from memory, so this
+/// measures what a call costs beyond the bytes (its start-up, the pool's hand-off and
+/// the hardware prefetcher's ramp); `empty_run` is the pool's hand-off alone, 300 times.
 fn bench_decode_small(c: &mut Criterion) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(23);
     let pool = ThreadPool::new(2);

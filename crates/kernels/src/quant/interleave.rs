@@ -139,26 +139,13 @@ pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
 }
 
 impl Interleaved {
-    /// Repacks `rows` GGML rows of `ty` (`data`, `cols` columns each). `None` when `ty`
-    /// has no interleaved layout or `rows` is not a multiple of eight.
+    /// Repacks `rows` GGML rows of `ty` (`data`, `cols` columns each) into a buffer of
+    /// its own. `None` when `ty` has no interleaved layout or `rows` is not a multiple of
+    /// eight.
     pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        Self::repack_releasing(ty, data, rows, cols, |_| {})
-    }
-
-    /// As [`Interleaved::repack`], calling `release(n)` each time the first `n` bytes
-    /// of `data` have been repacked and will not be read again, so that a caller can
-    /// drop their pages while the rest is still being copied: a large weight is then
-    /// never resident twice.
-    pub fn repack_releasing(
-        ty: GgmlType,
-        data: &[u8],
-        rows: usize,
-        cols: usize,
-        release: impl FnMut(usize),
-    ) -> Option<Self> {
         let len = Self::packed_len(ty, rows, cols)?;
         let mut out = crate::mem::zeroed_huge::<u8>(len);
-        Self::repack_into(ty, data, rows, cols, &mut out, release).then_some(())?;
+        Self::repack_into(ty, data, rows, cols, &mut out, |_| {}).then_some(())?;
         Some(Self::in_buffer(ty, rows, cols, std::sync::Arc::new(out), 0))
     }
 
@@ -171,8 +158,10 @@ impl Interleaved {
     }
 
     /// Repacks into `out` (exactly [`Interleaved::packed_len`] bytes), calling
-    /// `release` as [`Interleaved::repack_releasing`] does; false when the weight has
-    /// no interleaved layout or `data` or `out` has the wrong size.
+    /// `release(n)` each time the first `n` bytes of `data` have been repacked and will
+    /// not be read again, so that a caller can drop their pages while the rest is still
+    /// being copied: a large weight is then never resident twice. False when the weight
+    /// has no interleaved layout or `data` or `out` has the wrong size.
     pub fn repack_into(
         ty: GgmlType,
         data: &[u8],
