@@ -242,17 +242,30 @@ fn bench_packed(
 /// a decode step; two threads, as the end-to-end benchmarks run. Throughput is in bytes
 /// of weights: compare it with the machine's read bandwidth.
 fn bench_decode(c: &mut Criterion) {
+    decode_group(c, "decode", 2, 64 << 20, 20);
+}
+
+/// The decode kernels' compute rate: one activation row against about 256 KB of
+/// interleaved weights, which stay in L2 across iterations, on one thread. Where this
+/// is not well above `decode/`'s rate per thread, a kernel's arithmetic, not memory,
+/// bounds a decode step.
+fn bench_decode_cached(c: &mut Criterion) {
+    decode_group(c, "decode_cached", 1, 256 << 10, 30);
+}
+
+/// One activation row against about `bytes` of each decode-shaped weight type.
+fn decode_group(c: &mut Criterion, name: &str, threads: usize, bytes: usize, samples: usize) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(19);
-    let pool = ThreadPool::new(2);
-    let mut g = c.benchmark_group("decode");
-    g.sample_size(20);
+    let pool = ThreadPool::new(threads);
+    let mut g = c.benchmark_group(name);
+    g.sample_size(samples);
     for (ty, cols) in [
         (GgmlType::Q4_1, 576),
         (GgmlType::Q8_0, 576),
         (GgmlType::Q4_K, 1536),
         (GgmlType::Q6_K, 1536),
     ] {
-        let w_rows = (64 << 20) / ty.row_bytes(cols).unwrap() / 16 * 16;
+        let w_rows = bytes / ty.row_bytes(cols).unwrap() / 16 * 16;
         bench_packed(&mut g, &pool, &mut rng, ty, w_rows, cols, 1);
     }
     g.finish();
@@ -440,6 +453,7 @@ criterion_group!(
     bench_matmul,
     bench_prefill,
     bench_decode,
+    bench_decode_cached,
     bench_decode_small,
     bench_matmul_int4,
     bench_attention

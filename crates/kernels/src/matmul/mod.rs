@@ -389,10 +389,10 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                 (Kernel::R8(f, f2), Some(p)) => {
                     let cb = x.cols / 32;
                     let span = |i0: usize, na: usize| i0 * cb..(i0 + na) * cb;
-                    match f2.filter(|_| two_groups(r1 - r0, x.n_rows)) {
-                        Some(f2) => r16_tile(p, x.n_rows, r0, out, stride, |g0, g1, i0, na, o| {
+                    match f2.filter(|_| p.paired() && r1 - r0 == R16) {
+                        Some(f2) => r16_tile(p, x.n_rows, r0, out, stride, |pair, i0, na, o| {
                             let s = span(i0, na);
-                            f2(g0, g1, &x.q8[s.clone()], &x.q8_isums[s], na, o)
+                            f2(pair, &x.q8[s.clone()], &x.q8_isums[s], na, o)
                         }),
                         None => r8_tile(p, x.n_rows, r0, r1, out, stride, |g, i0, na, o| {
                             let s = span(i0, na);
@@ -404,10 +404,10 @@ pub fn matmul_many(pool: &ThreadPool, x: &mut Activations, jobs: &mut [MatmulJob
                 (Kernel::R8K(f, f2), Some(p)) => {
                     let cb = x.cols / 256;
                     let acts = |i0: usize, na: usize| &x.q8k[i0 * cb..(i0 + na) * cb];
-                    match f2.filter(|_| two_groups(r1 - r0, x.n_rows)) {
-                        Some(f2) => r16_tile(p, x.n_rows, r0, out, stride, |g0, g1, i0, na, o| {
+                    match f2.filter(|_| p.paired() && r1 - r0 == R16) {
+                        Some(f2) => r16_tile(p, x.n_rows, r0, out, stride, |pair, i0, na, o| {
                             let s = &x.q8k_sums[i0 * cb..(i0 + na) * cb];
-                            f2(g0, g1, acts(i0, na), s, na, o)
+                            f2(pair, acts(i0, na), s, na, o)
                         }),
                         None => r8_tile(p, x.n_rows, r0, r1, out, stride, |g, i0, na, o| {
                             f(g, acts(i0, na), na, o)
@@ -531,28 +531,21 @@ fn r8_tile(
     }
 }
 
-/// Whether a tile of `rows` weight rows takes the two-group kernel against `n` activation
-/// rows: a whole pair of groups, and enough rows to fill its registers. With one to
-/// three activation rows (decoding) the one-group kernel streams the weights faster; the
-/// bits are the same either way.
-fn two_groups(rows: usize, n: usize) -> bool {
-    rows == R16 && n >= 4
-}
-
-/// As [`r8_tile`] for the sixteen rows `r0..r0 + 16` (two groups) in one call each.
+/// As [`r8_tile`] for the sixteen rows `r0..r0 + 16`, a pair of groups stored together
+/// (see [`Interleaved::pair`]), in one call each.
 fn r16_tile(
     p: &Interleaved,
     n: usize,
     r0: usize,
     out: SyncPtr<f32>,
     stride: usize,
-    call: impl Fn(&[u8], &[u8], usize, usize, &mut [[f32; R16]; ACT_ROWS]),
+    call: impl Fn(&[u8], usize, usize, &mut [[f32; R16]; ACT_ROWS]),
 ) {
     let mut o = [[0f32; R16]; ACT_ROWS];
-    let (g0, g1) = (p.group(r0 / R8), p.group(r0 / R8 + 1));
+    let pair = p.pair(r0 / R16);
     for i0 in (0..n).step_by(ACT_ROWS) {
         let na = (n - i0).min(ACT_ROWS);
-        call(g0, g1, i0, na, &mut o);
+        call(pair, i0, na, &mut o);
         for (k, row) in o.iter().take(na).enumerate() {
             // SAFETY: as in `r8_tile`, for rows `r0..r0 + 16`.
             unsafe {

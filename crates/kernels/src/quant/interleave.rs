@@ -31,7 +31,14 @@
 //!
 //! On CPUs with 512-bit registers, [`R16Fn`] kernels take two neighbouring groups per call
 //! (one group per register half) and up to [`ACT_ROWS`] activation rows; each lane does
-//! what the one-group kernels do, so they give the same bits.
+//! what the one-group kernels do, so they give the same bits. There the groups are stored
+//! in pairs (see `pair_up`): per block, each unit of the first group (its eight f16
+//! scales, a 32-byte quant chunk, …) followed by the same unit of the second, so one
+//! 64-byte load holds four columns of sixteen rows, and a call reads one sequential
+//! stream; an odd last group stays whole (see [`Interleaved::paired`]). Two groups read
+//! side by side from two places a few kilobytes apart streamed from memory at less than
+//! half the speed (the hardware prefetcher follows one stream well, two short
+//! interleaved ones badly), which kept decoding on the one-group kernels before.
 //!
 //! ## Arithmetic (the definition every kernel family reproduces bit for bit)
 //!
@@ -65,6 +72,7 @@ pub struct Interleaved {
     pub cols: usize,
     buf: std::sync::Arc<Vec<u8>>,
     start: usize,
+    paired: bool,
 }
 
 /// Dot products of one interleaved group (`group`: the group's `cols / 32` blocks) with
@@ -84,21 +92,14 @@ pub const ACT_ROWS: usize = 8;
 
 /// Dot products of two neighbouring interleaved groups (`g0`, `g1`, of the same length)
 /// with `na` (1 to [`ACT_ROWS`]) activation rows: `out[m][j]` is row `j` of `g0` for `j < 8` and row
-/// `j - 8` of `g1` otherwise. The bits are those of two [`R8Fn`] calls.
-pub type R16Fn = fn(
-    g0: &[u8],
-    g1: &[u8],
-    acts: &[BlockQ8],
-    isums: &[i32],
-    na: usize,
-    out: &mut [[f32; R16]; ACT_ROWS],
-);
+/// `j - 8` of `g1` otherwise, `pair` holding both as [`Interleaved::pair`] gives them. The bits are those of two [`R8Fn`] calls.
+pub type R16Fn =
+    fn(pair: &[u8], acts: &[BlockQ8], isums: &[i32], na: usize, out: &mut [[f32; R16]; ACT_ROWS]);
 
 /// As [`R16Fn`] for the K-quants' interleaved groups; `sums` holds each activation
 /// block's [`SubSums`].
 pub type R16KFn = fn(
-    g0: &[u8],
-    g1: &[u8],
+    pair: &[u8],
     acts: &[BlockQ8K],
     sums: &[SubSums],
     na: usize,
@@ -143,10 +144,29 @@ impl Interleaved {
     /// its own. `None` when `ty` has no interleaved layout or `rows` is not a multiple of
     /// eight.
     pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        Self::repack_as(ty, data, rows, cols, Self::pairs_groups(ty))
+    }
+
+    /// As [`Interleaved::repack`], with the groups paired or not whatever this CPU's
+    /// kernels take (for tests comparing kernel families on one machine).
+    pub fn repack_as(
+        ty: GgmlType,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+        paired: bool,
+    ) -> Option<Self> {
         let len = Self::packed_len(ty, rows, cols)?;
         let mut out = crate::mem::zeroed_huge::<u8>(len);
-        Self::repack_into(ty, data, rows, cols, &mut out, |_| {}).then_some(())?;
-        Some(Self::in_buffer(ty, rows, cols, std::sync::Arc::new(out), 0))
+        Self::repack_into_as(ty, data, rows, cols, &mut out, paired, |_| {}).then_some(())?;
+        let buf = std::sync::Arc::new(out);
+        Some(Self::in_buffer_as(ty, rows, cols, buf, 0, paired))
+    }
+
+    /// Whether this CPU's kernels take `ty`'s groups in pairs: where a two-group kernel
+    /// ([`r16_kernel`], [`r16k_kernel`]) exists.
+    pub fn pairs_groups(ty: GgmlType) -> bool {
+        r16_kernel(ty).is_some() || r16k_kernel(ty).is_some()
     }
 
     /// Bytes the interleaved copy of `rows` × `cols` of `ty` takes; `None` when `ty` has
@@ -168,6 +188,20 @@ impl Interleaved {
         rows: usize,
         cols: usize,
         out: &mut [u8],
+        release: impl FnMut(usize),
+    ) -> bool {
+        let paired = Self::pairs_groups(ty);
+        Self::repack_into_as(ty, data, rows, cols, out, paired, release)
+    }
+
+    /// As [`Interleaved::repack_into`], with the groups paired or not.
+    pub fn repack_into_as(
+        ty: GgmlType,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+        out: &mut [u8],
+        paired: bool,
         mut release: impl FnMut(usize),
     ) -> bool {
         let (Some(len), Some(gbb), Some(rb)) = (
@@ -181,8 +215,8 @@ impl Interleaved {
             return false;
         }
         let nb = cols / ty.block_elems();
-        // About a megabyte of source rows at a time.
-        let step = (1 << 20) / (R8 * rb) + 1;
+        // About a megabyte of source rows at a time, in whole pairs of groups.
+        let step = ((1 << 20) / (R8 * rb) + 1).next_multiple_of(2);
         let (src_group, out_group) = (R8 * rb, nb * gbb);
         for (k, o) in out.chunks_mut(step * out_group).enumerate() {
             let src = &data[k * step * src_group..][..o.len() / out_group * src_group];
@@ -190,6 +224,11 @@ impl Interleaved {
                 GgmlType::Q4_K => repack_q4_k(src, nb, o),
                 GgmlType::Q6_K => repack_q6_k(src, nb, o),
                 _ => repack_32(ty, src, nb, o),
+            }
+            if paired {
+                for region in o.chunks_exact_mut(2 * out_group) {
+                    pair_up(ty, region, nb, gbb);
+                }
             }
             release(k * step * src_group + src.len());
         }
@@ -205,6 +244,18 @@ impl Interleaved {
         buf: std::sync::Arc<Vec<u8>>,
         start: usize,
     ) -> Self {
+        Self::in_buffer_as(ty, rows, cols, buf, start, Self::pairs_groups(ty))
+    }
+
+    /// As [`Interleaved::in_buffer`] for bytes [`Interleaved::repack_into_as`] wrote.
+    pub fn in_buffer_as(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        buf: std::sync::Arc<Vec<u8>>,
+        start: usize,
+        paired: bool,
+    ) -> Self {
         let len = Self::packed_len(ty, rows, cols).expect("a repackable weight");
         assert!(
             start + len <= buf.len(),
@@ -216,6 +267,7 @@ impl Interleaved {
             cols,
             buf,
             start,
+            paired,
         }
     }
 
@@ -230,26 +282,68 @@ impl Interleaved {
         self.cols / self.ty.block_elems() * group_block_bytes(self.ty).expect("made by repack")
     }
 
-    /// The bytes of group `g` (rows `8g..8g + 8`).
+    /// Whether the groups are stored in pairs (see the module docs and `pair_up`): then [`Interleaved::pair`] gives the pairs and [`Interleaved::group`] only
+    /// an odd last group.
+    pub fn paired(&self) -> bool {
+        self.paired
+    }
+
+    /// Whether group `g` is stored whole (not one of a pair).
+    pub fn whole(&self, g: usize) -> bool {
+        !self.paired || g >= self.rows / R16 * 2
+    }
+
+    /// The bytes of group `g` (rows `8g..8g + 8`), which must be stored whole.
     pub fn group(&self, g: usize) -> &[u8] {
         assert!(
             g < self.rows / R8,
             "group {g} of a {}-row weight",
             self.rows
         );
+        assert!(self.whole(g), "group {g} is one of a pair");
         let gb = self.group_bytes();
         &self.buf[self.start + g * gb..self.start + (g + 1) * gb]
+    }
+
+    /// The bytes of groups `2i` and `2i + 1` (rows `16i..16i + 16`) of a paired weight
+    /// (see `pair_up`).
+    pub fn pair(&self, i: usize) -> &[u8] {
+        assert!(self.paired, "the groups are not paired");
+        assert!(
+            i < self.rows / R16,
+            "pair {i} of a {}-row weight",
+            self.rows
+        );
+        let pb = 2 * self.group_bytes();
+        &self.buf[self.start + i * pb..self.start + (i + 1) * pb]
+    }
+
+    /// Block `b` of group `g` in the layout of a group stored whole.
+    pub fn group_block(&self, g: usize, b: usize) -> Vec<u8> {
+        let gbb = group_block_bytes(self.ty).expect("made by repack");
+        if self.whole(g) {
+            return self.group(g)[b * gbb..][..gbb].to_vec();
+        }
+        let src = &self.pair(g / 2)[2 * b * gbb..][..2 * gbb];
+        let mut blk = vec![0u8; gbb];
+        let mut off = 0;
+        while off < gbb {
+            let w = unit_bytes(self.ty, off);
+            blk[off..off + w].copy_from_slice(&src[2 * off + (g % 2) * w..][..w]);
+            off += w;
+        }
+        blk
     }
 
     /// Row `r` back in its GGML layout (for tests: repacking loses nothing). The
     /// 32-wide types only.
     pub fn ggml_row(&self, r: usize) -> Vec<u8> {
         assert_eq!(self.ty.block_elems(), 32, "a 32-wide type");
-        let gbb = group_block_bytes(self.ty).expect("made by repack");
         let scale_fields = if self.ty == GgmlType::Q4_1 { 2 } else { 1 };
         let (g, rr) = (r / R8, r % R8);
         let mut row = Vec::with_capacity(self.ty.row_bytes(self.cols).expect("whole blocks"));
-        for blk in self.group(g).chunks_exact(gbb) {
+        for b in 0..self.cols / 32 {
+            let blk = self.group_block(g, b);
             for f in 0..scale_fields {
                 row.extend_from_slice(&blk[f * 16 + 2 * rr..][..2]);
             }
@@ -264,6 +358,40 @@ impl Interleaved {
             }
         }
         row
+    }
+}
+
+/// How many bytes at offset `off` of a group block of `ty` the two-group kernels read
+/// as one unit (a scale or quant vector of eight rows): paired, each unit of the first
+/// group is followed by the same unit of the second (see [`pair_up`]).
+fn unit_bytes(ty: GgmlType, off: usize) -> usize {
+    match ty {
+        GgmlType::Q4_K if off < 32 => 16,
+        GgmlType::Q4_K if off < Q4K_MINS => 8,
+        GgmlType::Q6_K if off < 144 => 16,
+        GgmlType::Q4_0 if off < 16 => 16,
+        GgmlType::Q4_1 if off < 32 => 16,
+        GgmlType::Q8_0 if off < 16 => 16,
+        _ => 32,
+    }
+}
+
+/// Turns two whole groups (`region`: `nb` group blocks of the first, then of the
+/// second) into their pair: per block `b`, each unit of the first group followed by the
+/// same unit of the second, so that one 64-byte load holds four columns of all sixteen
+/// rows and a two-group call reads one sequential stream.
+fn pair_up(ty: GgmlType, region: &mut [u8], nb: usize, gbb: usize) {
+    let whole = region.to_vec();
+    let (g0, g1) = whole.split_at(nb * gbb);
+    for b in 0..nb {
+        let dst = &mut region[2 * b * gbb..][..2 * gbb];
+        let mut off = 0;
+        while off < gbb {
+            let w = unit_bytes(ty, off);
+            dst[2 * off..][..w].copy_from_slice(&g0[b * gbb + off..][..w]);
+            dst[2 * off + w..][..w].copy_from_slice(&g1[b * gbb + off..][..w]);
+            off += w;
+        }
     }
 }
 
@@ -471,18 +599,21 @@ pub(super) fn check_r8k(ty: GgmlType, group: &[u8], acts: &[BlockQ8K], na: usize
 /// Checks a two-group call's lengths; returns the number of blocks per row.
 pub(super) fn check_r16(
     ty: GgmlType,
-    g0: &[u8],
-    g1: &[u8],
+    pair: &[u8],
     acts: &[BlockQ8],
     isums: &[i32],
     na: usize,
 ) -> usize {
-    assert_eq!(g0.len(), g1.len(), "groups of different lengths");
     assert!(
         (1..=ACT_ROWS).contains(&na),
         "1 to {ACT_ROWS} activation rows, got {na}"
     );
-    let nb = check_r8(ty, g0, acts, isums, 1);
+    let gbb = group_block_bytes(ty).expect("interleaved type");
+    assert!(
+        pair.len().is_multiple_of(2 * gbb),
+        "partial pair of group blocks"
+    );
+    let nb = check_r8(ty, &pair[..pair.len() / 2], acts, isums, 1);
     assert!(
         acts.len() >= na * nb && isums.len() >= na * nb,
         "activations too short"
@@ -493,18 +624,21 @@ pub(super) fn check_r16(
 /// As [`check_r16`] for the K-quants.
 pub(super) fn check_r16k(
     ty: GgmlType,
-    g0: &[u8],
-    g1: &[u8],
+    pair: &[u8],
     acts: &[BlockQ8K],
     sums: &[SubSums],
     na: usize,
 ) -> usize {
-    assert_eq!(g0.len(), g1.len(), "groups of different lengths");
     assert!(
         (1..=ACT_ROWS).contains(&na),
         "1 to {ACT_ROWS} activation rows, got {na}"
     );
-    let nb = check_r8k(ty, g0, acts, 1);
+    let gbb = group_block_bytes(ty).expect("interleaved type");
+    assert!(
+        pair.len().is_multiple_of(2 * gbb),
+        "partial pair of group blocks"
+    );
+    let nb = check_r8k(ty, &pair[..pair.len() / 2], acts, 1);
     assert!(
         acts.len() >= na * nb && sums.len() >= na * nb,
         "activations too short"

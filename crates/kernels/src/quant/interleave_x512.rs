@@ -40,34 +40,27 @@ pub(super) unsafe fn kernel_k(ty: GgmlType) -> R16KFn {
     }
 }
 
-/// The 32 bytes at `p0` in the low half, those at `p1` in the high half.
+/// Four columns of sixteen rows: the 64 bytes at `p` (a unit of the first group, then
+/// the same unit of the second; see `interleave`'s `pair_up`).
 ///
 /// # Safety
-/// Both ranges must be readable.
+/// `p..p + 64` must be readable.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn ld2(p0: *const u8, p1: *const u8) -> __m512i {
-    // SAFETY: the caller guarantees both ranges.
-    unsafe {
-        let lo = _mm256_loadu_si256(p0.cast());
-        let hi = _mm256_loadu_si256(p1.cast());
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-    }
+unsafe fn ld16(p: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees the range.
+    unsafe { _mm512_loadu_si512(p.cast()) }
 }
 
-/// Eight f16 at `p0` and eight at `p1` as sixteen f32 lanes.
+/// Sixteen rows' f16 scales at `p` as f32 lanes.
 ///
 /// # Safety
-/// `p0..p0 + 16` and `p1..p1 + 16` must be readable.
+/// `p..p + 32` must be readable.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn ld2_f16x8(p0: *const u8, p1: *const u8) -> __m512 {
-    // SAFETY: the caller guarantees both ranges.
-    unsafe {
-        let lo = _mm_loadu_si128(p0.cast());
-        let hi = _mm_loadu_si128(p1.cast());
-        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
-    }
+unsafe fn ld16_f16(p: *const u8) -> __m512 {
+    // SAFETY: the caller guarantees the range.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
 }
 
 /// Four activation bytes (columns `4k..4k + 4` of `a`) in every 32-bit lane.
@@ -111,27 +104,27 @@ fn store<const N: usize>(acc: &[__m512; N], out: &mut [[f32; R16]; ACT_ROWS]) {
 macro_rules! r16_wrapper {
     ($f:ident, $ty:expr, $call:ident, $min:literal) => {
         fn $f(
-            g0: &[u8],
-            g1: &[u8],
+            pair: &[u8],
             acts: &[BlockQ8],
             isums: &[i32],
             na: usize,
             out: &mut [[f32; R16]; ACT_ROWS],
         ) {
-            let nb = check_r16($ty, g0, g1, acts, isums, na);
-            let (p0, p1, a, s) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr(), isums.as_ptr());
+            let nb = check_r16($ty, pair, acts, isums, na);
+            let (a, s) = (acts.as_ptr(), isums.as_ptr());
+            let p0 = pair.as_ptr();
             // SAFETY: lengths checked above; the fn pointer is only handed out on CPUs
             // with this family's features.
             unsafe {
                 match na {
-                    1 => $call::<1, $min>(p0, p1, nb, a, s, out),
-                    2 => $call::<2, $min>(p0, p1, nb, a, s, out),
-                    3 => $call::<3, $min>(p0, p1, nb, a, s, out),
-                    4 => $call::<4, $min>(p0, p1, nb, a, s, out),
-                    5 => $call::<5, $min>(p0, p1, nb, a, s, out),
-                    6 => $call::<6, $min>(p0, p1, nb, a, s, out),
-                    7 => $call::<7, $min>(p0, p1, nb, a, s, out),
-                    _ => $call::<8, $min>(p0, p1, nb, a, s, out),
+                    1 => $call::<1, $min>(p0, nb, a, s, out),
+                    2 => $call::<2, $min>(p0, nb, a, s, out),
+                    3 => $call::<3, $min>(p0, nb, a, s, out),
+                    4 => $call::<4, $min>(p0, nb, a, s, out),
+                    5 => $call::<5, $min>(p0, nb, a, s, out),
+                    6 => $call::<6, $min>(p0, nb, a, s, out),
+                    7 => $call::<7, $min>(p0, nb, a, s, out),
+                    _ => $call::<8, $min>(p0, nb, a, s, out),
                 }
             }
         }
@@ -145,8 +138,7 @@ r16_wrapper!(r16_q8_0, GgmlType::Q8_0, q8, false);
 /// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4<const N: usize, const MIN: bool>(
-    g0: *const u8,
-    g1: *const u8,
+    pair: *const u8,
     nb: usize,
     acts: *const BlockQ8,
     isums: *const i32,
@@ -159,16 +151,16 @@ unsafe fn q4<const N: usize, const MIN: bool>(
         // SAFETY: the wrapper checked that `nb` blocks of both groups and `N * nb`
         // activation blocks and sums are readable.
         unsafe {
-            let (p0, p1) = (g0.add(b * gbb), g1.add(b * gbb));
-            let dw = ld2_f16x8(p0, p1);
+            let p = pair.add(2 * b * gbb);
+            let dw = ld16_f16(p);
             let mw = if MIN {
-                Some(ld2_f16x8(p0.add(16), p1.add(16)))
+                Some(ld16_f16(p.add(2 * 16)))
             } else {
                 None
             };
             let mut w = [_mm512_setzero_si512(); 8];
             for c in 0..4 {
-                let v = ld2(p0.add(sb + 32 * c), p1.add(sb + 32 * c));
+                let v = ld16(p.add(2 * (sb + 32 * c)));
                 w[c] = _mm512_and_si512(v, m4);
                 w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
             }
@@ -196,8 +188,7 @@ unsafe fn q4<const N: usize, const MIN: bool>(
 /// Q8_0 over `N` activation rows (`_MIN` is unused; it keeps `q4`'s shape).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q8<const N: usize, const _MIN: bool>(
-    g0: *const u8,
-    g1: *const u8,
+    pair: *const u8,
     nb: usize,
     acts: *const BlockQ8,
     isums: *const i32,
@@ -207,11 +198,11 @@ unsafe fn q8<const N: usize, const _MIN: bool>(
     for b in 0..nb {
         // SAFETY: as in `q4`.
         unsafe {
-            let (p0, p1) = (g0.add(b * 272), g1.add(b * 272));
-            let dw = ld2_f16x8(p0, p1);
+            let p = pair.add(2 * b * 272);
+            let dw = ld16_f16(p);
             let mut w = [_mm512_setzero_si512(); 8];
             for (k, w) in w.iter_mut().enumerate() {
-                *w = ld2(p0.add(16 + 32 * k), p1.add(16 + 32 * k));
+                *w = ld16(p.add(2 * (16 + 32 * k)));
             }
             for (m, acc) in acc.iter_mut().enumerate() {
                 let a = &*acts.add(m * nb + b);
@@ -232,26 +223,26 @@ unsafe fn q8<const N: usize, const _MIN: bool>(
 macro_rules! r16k_wrapper {
     ($f:ident, $ty:expr, $call:ident) => {
         fn $f(
-            g0: &[u8],
-            g1: &[u8],
+            pair: &[u8],
             acts: &[BlockQ8K],
             sums: &[SubSums],
             na: usize,
             out: &mut [[f32; R16]; ACT_ROWS],
         ) {
-            let nb = check_r16k($ty, g0, g1, acts, sums, na);
-            let (p0, p1, a, s) = (g0.as_ptr(), g1.as_ptr(), acts.as_ptr(), sums.as_ptr());
+            let nb = check_r16k($ty, pair, acts, sums, na);
+            let (a, s) = (acts.as_ptr(), sums.as_ptr());
+            let p0 = pair.as_ptr();
             // SAFETY: as in `r16_wrapper!`.
             unsafe {
                 match na {
-                    1 => $call::<1>(p0, p1, nb, a, s, out),
-                    2 => $call::<2>(p0, p1, nb, a, s, out),
-                    3 => $call::<3>(p0, p1, nb, a, s, out),
-                    4 => $call::<4>(p0, p1, nb, a, s, out),
-                    5 => $call::<5>(p0, p1, nb, a, s, out),
-                    6 => $call::<6>(p0, p1, nb, a, s, out),
-                    7 => $call::<7>(p0, p1, nb, a, s, out),
-                    _ => $call::<8>(p0, p1, nb, a, s, out),
+                    1 => $call::<1>(p0, nb, a, s, out),
+                    2 => $call::<2>(p0, nb, a, s, out),
+                    3 => $call::<3>(p0, nb, a, s, out),
+                    4 => $call::<4>(p0, nb, a, s, out),
+                    5 => $call::<5>(p0, nb, a, s, out),
+                    6 => $call::<6>(p0, nb, a, s, out),
+                    7 => $call::<7>(p0, nb, a, s, out),
+                    _ => $call::<8>(p0, nb, a, s, out),
                 }
             }
         }
@@ -266,8 +257,7 @@ r16k_wrapper!(r16_q6_k, GgmlType::Q6_K, q6k);
 /// FMAs.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4k<const N: usize>(
-    g0: *const u8,
-    g1: *const u8,
+    pair: *const u8,
     nb: usize,
     acts: *const BlockQ8K,
     sums: *const SubSums,
@@ -279,13 +269,13 @@ unsafe fn q4k<const N: usize>(
         // SAFETY: the wrapper checked that `nb` group blocks of both groups and `N * nb`
         // activation blocks are readable.
         unsafe {
-            let (p0, p1) = (g0.add(b * Q4K_GROUP_BLOCK), g1.add(b * Q4K_GROUP_BLOCK));
+            let p = pair.add(2 * b * Q4K_GROUP_BLOCK);
             let mut tot = [_mm512_setzero_si512(); N];
             for pair in 0..4 {
-                let (q0, q1) = (p0.add(160 + 256 * pair), p1.add(160 + 256 * pair));
+                let q = p.add(2 * (160 + 256 * pair));
                 let mut raw = [_mm512_setzero_si512(); 8];
                 for (c, raw) in raw.iter_mut().enumerate() {
-                    *raw = ld2(q0.add(32 * c), q1.add(32 * c));
+                    *raw = ld16(q.add(2 * (32 * c)));
                 }
                 for hi in 0..2 {
                     let j = 2 * pair + hi;
@@ -294,7 +284,7 @@ unsafe fn q4k<const N: usize>(
                     // total, 16 times the exact integer, is shifted back below.
                     let mask = if hi == 1 { m4h } else { m4 };
                     let w = raw.map(|r| _mm512_and_si512(r, mask));
-                    let sc = sc16(p0.add(32 + 8 * j), p1.add(32 + 8 * j));
+                    let sc = sc16(p.add(2 * (32 + 8 * j)));
                     let sc = if hi == 1 {
                         sc
                     } else {
@@ -309,7 +299,7 @@ unsafe fn q4k<const N: usize>(
             }
             // Each lane's four mins of sub-blocks 4t..4t + 4 meet the activation's
             // sums in two parts (`SubSums`): Σ m·sum = Σ m·lo + 128·Σ m·hi, exactly.
-            let mins = [0, 1].map(|t| ld2(p0.add(Q4K_MINS + 32 * t), p1.add(Q4K_MINS + 32 * t)));
+            let mins = [0, 1].map(|t| ld16(p.add(2 * (Q4K_MINS + 32 * t))));
             let mut msum = [_mm512_setzero_si512(); N];
             for (m, ms) in msum.iter_mut().enumerate() {
                 let s = &*sums.add(m * nb + b);
@@ -320,8 +310,8 @@ unsafe fn q4k<const N: usize>(
                 let hi = part(_mm512_setzero_si512(), 2);
                 *ms = part(_mm512_slli_epi32::<7>(hi), 0);
             }
-            let dw = ld2_f16x8(p0, p1);
-            let dmw = ld2_f16x8(p0.add(16), p1.add(16));
+            let dw = ld16_f16(p);
+            let dmw = ld16_f16(p.add(2 * 16));
             for m in 0..N {
                 let da = _mm512_set1_ps((*acts.add(m * nb + b)).d);
                 // 16 · Σ fits i32 (at most 16 · 8 · 32 · 15 · 128 · 63 < 2^29) and is a
@@ -336,26 +326,21 @@ unsafe fn q4k<const N: usize>(
     store(&acc, out);
 }
 
-/// Eight u8 at `p0` and eight at `p1` as sixteen i32 lanes.
+/// Sixteen rows' u8 scales at `p` as i32 lanes.
 ///
 /// # Safety
-/// `p0..p0 + 8` and `p1..p1 + 8` must be readable.
+/// `p..p + 16` must be readable.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn sc16(p0: *const u8, p1: *const u8) -> __m512i {
-    // SAFETY: the caller guarantees both ranges.
-    unsafe {
-        let lo = _mm_loadl_epi64(p0.cast());
-        let hi = _mm_loadl_epi64(p1.cast());
-        _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi))
-    }
+unsafe fn sc16(p: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees the range.
+    unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())) }
 }
 
 /// Q6_K over `N` activation rows (see `interleave_x86`'s `q6k`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k<const N: usize>(
-    g0: *const u8,
-    g1: *const u8,
+    pair: *const u8,
     nb: usize,
     acts: *const BlockQ8K,
     _sums: *const SubSums,
@@ -368,21 +353,19 @@ unsafe fn q6k<const N: usize>(
         // SAFETY: the wrapper checked that `nb` group blocks of both groups and `N * nb`
         // activation blocks are readable.
         unsafe {
-            let (p0, p1) = (g0.add(b * Q6K_GROUP_BLOCK), g1.add(b * Q6K_GROUP_BLOCK));
+            let p = pair.add(2 * b * Q6K_GROUP_BLOCK);
             let mut sc = [_mm512_setzero_si512(); 8];
             for (t, sc) in sc.iter_mut().enumerate() {
-                let lo = _mm_loadu_si128(p0.add(16 + 16 * t).cast());
-                let hi = _mm_loadu_si128(p1.add(16 + 16 * t).cast());
-                let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+                let both = _mm256_loadu_si256(p.add(2 * (16 + 16 * t)).cast());
                 *sc = _mm512_cvtepi8_epi16(both);
             }
             let mut tot = [_mm512_setzero_si512(); N];
             for (j, sc_j) in sc.iter().enumerate() {
-                let (q0, q1) = (p0.add(144 + 192 * j), p1.add(144 + 192 * j));
-                let qh = [ld2(q0.add(128), q1.add(128)), ld2(q0.add(160), q1.add(160))];
+                let q = p.add(2 * (144 + 192 * j));
+                let qh = [ld16(q.add(2 * (128))), ld16(q.add(2 * (160)))];
                 let mut w = [_mm512_setzero_si512(); 8];
                 for c in 0..4 {
-                    let raw = ld2(q0.add(32 * c), q1.add(32 * c));
+                    let raw = ld16(q.add(2 * (32 * c)));
                     let hi = _mm512_srli_epi16::<4>(raw);
                     w[c] = _mm512_ternarylogic_epi32::<0xF8>(top2(qh[0], c, m30), raw, m4);
                     w[c + 4] = _mm512_ternarylogic_epi32::<0xF8>(top2(qh[1], c, m30), hi, m4);
@@ -403,7 +386,7 @@ unsafe fn q6k<const N: usize>(
                     *tot = _mm512_add_epi32(*tot, s);
                 }
             }
-            let dw = ld2_f16x8(p0, p1);
+            let dw = ld16_f16(p);
             for m in 0..N {
                 let a = &*acts.add(m * nb + b);
                 let corr = scale_bsums(&sc, a);

@@ -100,6 +100,42 @@ unsafe fn isum_u4_vnni(w: &[__m256i; 8], a: *const i8) -> __m256i {
     }
 }
 
+/// [`isum_u4_avx2`] of two sub-blocks (`lo` against `a_lo`, `hi` against `a_hi`).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn isum2_u4_avx2(
+    lo: &[__m256i; 8],
+    hi: &[__m256i; 8],
+    a_lo: *const i8,
+    a_hi: *const i8,
+) -> (__m256i, __m256i) {
+    // SAFETY: the caller's contract, for each sub-block.
+    unsafe { (isum_u4_avx2(lo, a_lo), isum_u4_avx2(hi, a_hi)) }
+}
+
+/// [`isum_u4_vnni`] of two sub-blocks in four interleaved chains of four `vpdpbusd`:
+/// one chain of eight per sub-block left the decode kernels waiting on its latency.
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn isum2_u4_vnni(
+    lo: &[__m256i; 8],
+    hi: &[__m256i; 8],
+    a_lo: *const i8,
+    a_hi: *const i8,
+) -> (__m256i, __m256i) {
+    // SAFETY: as above.
+    unsafe {
+        let mut s = [_mm256_setzero_si256(); 4];
+        for k in (0..8).step_by(2) {
+            s[0] = _mm256_dpbusd_epi32(s[0], lo[k], bcast4(a_lo, k));
+            s[1] = _mm256_dpbusd_epi32(s[1], hi[k], bcast4(a_hi, k));
+            s[2] = _mm256_dpbusd_epi32(s[2], lo[k + 1], bcast4(a_lo, k + 1));
+            s[3] = _mm256_dpbusd_epi32(s[3], hi[k + 1], bcast4(a_hi, k + 1));
+        }
+        (_mm256_add_epi32(s[0], s[2]), _mm256_add_epi32(s[1], s[3]))
+    }
+}
+
 /// Q6_K `Σ q·a` per row over columns 0..16 and 16..32 of a sub-block with
 /// `vpmaddubsw`: two products of codes below 64 stay below 2¹⁵ in magnitude, so each
 /// pair of them is added in 16 bits before widening.
@@ -280,7 +316,7 @@ macro_rules! r8k_wrapper {
 }
 
 macro_rules! r8_family {
-    ($feat:literal, $isum_u4:ident, $isum_u8:ident, $isum_u6:ident, $scale_bsums:ident) => {
+    ($feat:literal, $isum_u4:ident, $isum2_u4:ident, $isum_u8:ident, $isum_u6:ident, $scale_bsums:ident, $hi16:literal) => {
         /// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation
         /// rows.
         #[target_feature(enable = $feat)]
@@ -362,7 +398,7 @@ macro_rules! r8_family {
             acts: *const BlockQ8K,
             out: &mut [[f32; R8]; 4],
         ) {
-            let m4 = _mm256_set1_epi8(0x0f);
+            let (m4, m4h) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8));
             let mut acc = [_mm256_setzero_ps(); N];
             for b in 0..nb {
                 // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
@@ -371,26 +407,39 @@ macro_rules! r8_family {
                     let p = g.add(b * Q4K_GROUP_BLOCK);
                     let mut tot = [_mm256_setzero_si256(); N];
                     for pair in 0..4 {
+                        // Sub-blocks 2·pair (low nibbles) and 2·pair + 1 (high).
                         let q = p.add(160 + 256 * pair);
-                        for hi in 0..2 {
-                            let j = 2 * pair + hi;
-                            let mut w = [_mm256_setzero_si256(); 8];
-                            for (c, w) in w.iter_mut().enumerate() {
-                                let v = _mm256_loadu_si256(q.add(32 * c).cast());
-                                let v = if hi == 1 {
-                                    _mm256_srli_epi16::<4>(v)
-                                } else {
-                                    v
-                                };
-                                *w = _mm256_and_si256(v, m4);
-                            }
-                            let sc =
-                                _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * j).cast()));
-                            for (m, tot) in tot.iter_mut().enumerate() {
-                                let a = &*acts.add(m * nb + b);
-                                let isum = $isum_u4(&w, a.qs.as_ptr().add(32 * j));
-                                *tot = _mm256_add_epi32(*tot, _mm256_mullo_epi32(isum, sc));
-                            }
+                        // With `vpdpbusd` (no saturation) the high nibbles stay in
+                        // place, 16 q, which saves their shift; the low sub-block's scale
+                        // is taken 16 times to match and the total shifted back below.
+                        let mut lo = [_mm256_setzero_si256(); 8];
+                        let mut hi = [_mm256_setzero_si256(); 8];
+                        for c in 0..8 {
+                            let v = _mm256_loadu_si256(q.add(32 * c).cast());
+                            lo[c] = _mm256_and_si256(v, m4);
+                            hi[c] = if $hi16 {
+                                _mm256_and_si256(v, m4h)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+                            };
+                        }
+                        let sc = |j: usize| {
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * j).cast()))
+                        };
+                        let (sc_lo, sc_hi) = (sc(2 * pair), sc(2 * pair + 1));
+                        let sc_lo = if $hi16 {
+                            _mm256_slli_epi32::<4>(sc_lo)
+                        } else {
+                            sc_lo
+                        };
+                        for (m, tot) in tot.iter_mut().enumerate() {
+                            let a = (*acts.add(m * nb + b)).qs.as_ptr().add(64 * pair);
+                            let (s_lo, s_hi) = $isum2_u4(&lo, &hi, a, a.add(32));
+                            let s = _mm256_add_epi32(
+                                _mm256_mullo_epi32(s_lo, sc_lo),
+                                _mm256_mullo_epi32(s_hi, sc_hi),
+                            );
+                            *tot = _mm256_add_epi32(*tot, s);
                         }
                     }
                     // Each sub-block's min twice, as the i16 pair that meets the
@@ -419,11 +468,15 @@ macro_rules! r8_family {
                     let dmw = ld_f16x8(p.add(16));
                     for m in 0..N {
                         let da = _mm256_set1_ps((*acts.add(m * nb + b)).d);
-                        acc[m] = _mm256_fmadd_ps(
-                            _mm256_mul_ps(dw, da),
-                            _mm256_cvtepi32_ps(tot[m]),
-                            acc[m],
-                        );
+                        // 16 · Σ fits i32 (see `interleave_x512`'s `q4k`) and is a
+                        // multiple of 16, so the arithmetic shift gives Σ back exactly.
+                        let t = if $hi16 {
+                            _mm256_srai_epi32::<4>(tot[m])
+                        } else {
+                            tot[m]
+                        };
+                        acc[m] =
+                            _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(t), acc[m]);
                         acc[m] = _mm256_fnmadd_ps(
                             _mm256_mul_ps(dmw, da),
                             _mm256_cvtepi32_ps(msum[m]),
@@ -537,9 +590,11 @@ mod avx2 {
     r8_family!(
         "avx2,fma,f16c",
         isum_u4_avx2,
+        isum2_u4_avx2,
         isum_u8_avx2,
         isum_u6_avx2,
-        scale_bsums_avx2
+        scale_bsums_avx2,
+        false
     );
 }
 
@@ -549,8 +604,10 @@ mod vnni {
     r8_family!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         isum_u4_vnni,
+        isum2_u4_vnni,
         isum_u8_vnni,
         isum_u6_vnni,
-        scale_bsums_vnni
+        scale_bsums_vnni,
+        true
     );
 }

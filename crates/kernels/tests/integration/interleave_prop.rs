@@ -190,7 +190,10 @@ proptest! {
     #[test]
     fn two_group_kernels_match_the_twin(seed in 0u64..1_000_000, ty_i in 0usize..5, blocks in 1usize..4, n in 1usize..=ACT_ROWS) {
         let c = case(seed, ty_i, 2, blocks, n);
-        let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
+        // The twin reads each group whole, the two-group kernels the pair stored together.
+        let p = Interleaved::repack_as(c.ty, &c.w, c.rows, c.cols, false).expect("repackable");
+        let pp = Interleaved::repack_as(c.ty, &c.w, c.rows, c.cols, true).expect("repackable");
+        prop_assert!(!p.paired() && pp.paired());
         let nb = c.cols / c.ty.block_elems();
         let (q, s) = quantized(&c);
         let qk = if c.ty.block_elems() == 256 { quantized_k(&c) } else { Vec::new() };
@@ -213,10 +216,10 @@ proptest! {
                 let Some(f) = r16k_kernel_at(level, c.ty) else { continue };
                 let mut sums = vec![SubSums::default(); qk.len()];
                 block_sub_sums(&qk, &mut sums);
-                f(p.group(0), p.group(1), &qk, &sums, n, &mut got);
+                f(pp.pair(0), &qk, &sums, n, &mut got);
             } else {
                 let Some(f) = r16_kernel_at(level, c.ty) else { continue };
-                f(p.group(0), p.group(1), &q, &s, n, &mut got);
+                f(pp.pair(0), &q, &s, n, &mut got);
             }
             for m in 0..n {
                 for r in 0..R16 {
@@ -227,15 +230,25 @@ proptest! {
         }
     }
 
-    /// Repacking keeps every byte: each row comes back as it was.
+    /// Repacking keeps every byte, groups paired or not: each row comes back as it was.
     #[test]
-    fn repack_round_trips(seed in 0u64..1_000_000, ty_i in 0usize..3, groups in 1usize..4, blocks in 1usize..5) {
+    fn repack_round_trips(seed in 0u64..1_000_000, ty_i in 0usize..3, groups in 1usize..6, blocks in 1usize..5, paired: bool) {
         let c = case(seed, ty_i, groups, blocks, 1);
-        let p = Interleaved::repack(c.ty, &c.w, c.rows, c.cols).expect("repackable");
+        let p = Interleaved::repack_as(c.ty, &c.w, c.rows, c.cols, paired).expect("repackable");
         prop_assert_eq!(p.bytes().len(), c.w.len());
         let rb = c.ty.row_bytes(c.cols).unwrap();
         for r in 0..c.rows {
             prop_assert_eq!(&p.ggml_row(r)[..], &c.w[r * rb..(r + 1) * rb], "row {}", r);
+        }
+        // Paired, every group block reads back as the whole group's, and an odd last
+        // group is stored whole.
+        let unpaired = Interleaved::repack_as(c.ty, &c.w, c.rows, c.cols, false).unwrap();
+        let gbb = p.group_bytes() / blocks;
+        for g in 0..groups {
+            prop_assert_eq!(p.whole(g), !paired || g == groups / 2 * 2);
+            for b in 0..blocks {
+                prop_assert_eq!(p.group_block(g, b), &unpaired.group(g)[b * gbb..][..gbb], "group {} block {}", g, b);
+            }
         }
     }
 
@@ -317,6 +330,8 @@ proptest! {
         prop_assert_eq!(&all[i * c.rows..(i + 1) * c.rows], &run(3, &c.x[i * c.cols..(i + 1) * c.cols])[..]);
         let level = pagellm_kernels::cpu::simd_level();
         let nb = c.cols / c.ty.block_elems();
+        // The one-group kernel reads groups stored whole.
+        let p = Interleaved::repack_as(c.ty, &c.w, c.rows, c.cols, false).expect("repackable");
         for g in 0..groups {
             let mut o = [[0f32; R8]; 4];
             if c.ty.block_elems() == 256 {
