@@ -201,6 +201,7 @@ pub mod wq;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2;
 pub mod interleave;
+mod interleave_twin;
 #[cfg(target_arch = "x86_64")]
 mod interleave_x512;
 #[cfg(target_arch = "x86_64")]
