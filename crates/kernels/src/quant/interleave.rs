@@ -43,7 +43,8 @@
 //! ## Arithmetic (the definition every kernel family reproduces bit for bit)
 //!
 //! For weight row `r` and activation row `m` ([`BlockQ8`], with its block sums `Σa` as
-//! exact integers), per block in column order (K-quants: see `interleave_twin`'s `r8k_q4_k_ref` and `r8k_q6_k_ref`):
+//! exact integers), per block in column order (K-quants: see `interleave_twin`'s
+//! `r8k_q4_k_ref` and `r8k_q6_k_ref`):
 //!
 //! ```text
 //! isum = Σ q·a − o·Σa          (exact i32; o = 8 for Q4_0, 128 for Q8_0, 0 for Q4_1)
@@ -52,9 +53,9 @@
 //! ```
 //!
 //! starting from `acc = 0`. The integer sum is exact in every family, and the float steps
-//! are the same operations in the same order, so the scalar twin (`interleave_twin`'s `r8_ref`), the AVX2
-//! kernels and the AVX-512 VNNI kernels give the same bits, and a pair's result never
-//! depends on which other rows share the call (batch invariance).
+//! are the same operations in the same order, so the scalar twin (`interleave_twin`'s
+//! `r8_ref`), the AVX2 kernels and the AVX-512 VNNI kernels give the same bits, and a
+//! pair's result never depends on which other rows share the call (batch invariance).
 
 use super::blocks::scales_mins_k4;
 use super::interleave_twin as twin;
@@ -92,7 +93,8 @@ pub const ACT_ROWS: usize = 8;
 
 /// Dot products of two neighbouring interleaved groups (`g0`, `g1`, of the same length)
 /// with `na` (1 to [`ACT_ROWS`]) activation rows: `out[m][j]` is row `j` of `g0` for `j < 8` and row
-/// `j - 8` of `g1` otherwise, `pair` holding both as [`Interleaved::pair`] gives them. The bits are those of two [`R8Fn`] calls.
+/// `j - 8` of `g1` otherwise, `pair` holding both as [`Interleaved::pair`] gives them.
+/// The bits are those of two [`R8Fn`] calls.
 pub type R16Fn =
     fn(pair: &[u8], acts: &[BlockQ8], isums: &[i32], na: usize, out: &mut [[f32; R16]; ACT_ROWS]);
 
@@ -282,8 +284,9 @@ impl Interleaved {
         self.cols / self.ty.block_elems() * group_block_bytes(self.ty).expect("made by repack")
     }
 
-    /// Whether the groups are stored in pairs (see the module docs and `pair_up`): then [`Interleaved::pair`] gives the pairs and [`Interleaved::group`] only
-    /// an odd last group.
+    /// Whether the groups are stored in pairs (see the module docs and `pair_up`): then
+    /// [`Interleaved::pair`] gives the pairs and [`Interleaved::group`] only an odd last
+    /// group.
     pub fn paired(&self) -> bool {
         self.paired
     }
@@ -326,11 +329,8 @@ impl Interleaved {
         }
         let src = &self.pair(g / 2)[2 * b * gbb..][..2 * gbb];
         let mut blk = vec![0u8; gbb];
-        let mut off = 0;
-        while off < gbb {
-            let w = unit_bytes(self.ty, off);
+        for (off, w) in units(self.ty, gbb) {
             blk[off..off + w].copy_from_slice(&src[2 * off + (g % 2) * w..][..w]);
-            off += w;
         }
         blk
     }
@@ -376,6 +376,18 @@ fn unit_bytes(ty: GgmlType, off: usize) -> usize {
     }
 }
 
+/// The units of a group block of `ty` (`gbb` bytes) as (offset, bytes), in order.
+fn units(ty: GgmlType, gbb: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut off = 0;
+    std::iter::from_fn(move || {
+        (off < gbb).then(|| {
+            let w = unit_bytes(ty, off);
+            off += w;
+            (off - w, w)
+        })
+    })
+}
+
 /// Turns two whole groups (`region`: `nb` group blocks of the first, then of the
 /// second) into their pair: per block `b`, each unit of the first group followed by the
 /// same unit of the second, so that one 64-byte load holds four columns of all sixteen
@@ -385,12 +397,9 @@ fn pair_up(ty: GgmlType, region: &mut [u8], nb: usize, gbb: usize) {
     let (g0, g1) = whole.split_at(nb * gbb);
     for b in 0..nb {
         let dst = &mut region[2 * b * gbb..][..2 * gbb];
-        let mut off = 0;
-        while off < gbb {
-            let w = unit_bytes(ty, off);
+        for (off, w) in units(ty, gbb) {
             dst[2 * off..][..w].copy_from_slice(&g0[b * gbb + off..][..w]);
             dst[2 * off + w..][..w].copy_from_slice(&g1[b * gbb + off..][..w]);
-            off += w;
         }
     }
 }
