@@ -316,7 +316,7 @@ macro_rules! r8k_wrapper {
 }
 
 macro_rules! r8_family {
-    ($feat:literal, $isum_u4:ident, $isum2_u4:ident, $isum_u8:ident, $isum_u6:ident, $scale_bsums:ident, $hi16:literal) => {
+    ($feat:literal, $isum_u4:ident, $isum2_u4:ident, $isum_u8:ident, $isum_u6:ident, $scale_bsums:ident) => {
         /// Q4_0 (`MIN == false`, offset 8) and Q4_1 (`MIN == true`) over `N` activation
         /// rows.
         #[target_feature(enable = $feat)]
@@ -398,7 +398,7 @@ macro_rules! r8_family {
             acts: *const BlockQ8K,
             out: &mut [[f32; R8]; 4],
         ) {
-            let (m4, m4h) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8));
+            let m4 = _mm256_set1_epi8(0x0f);
             let mut acc = [_mm256_setzero_ps(); N];
             for b in 0..nb {
                 // SAFETY: the wrapper checked that `nb` group blocks and `N * nb`
@@ -409,29 +409,17 @@ macro_rules! r8_family {
                     for pair in 0..4 {
                         // Sub-blocks 2·pair (low nibbles) and 2·pair + 1 (high).
                         let q = p.add(160 + 256 * pair);
-                        // With `vpdpbusd` (no saturation) the high nibbles stay in
-                        // place, 16 q, which saves their shift; the low sub-block's scale
-                        // is taken 16 times to match and the total shifted back below.
                         let mut lo = [_mm256_setzero_si256(); 8];
                         let mut hi = [_mm256_setzero_si256(); 8];
                         for c in 0..8 {
                             let v = _mm256_loadu_si256(q.add(32 * c).cast());
                             lo[c] = _mm256_and_si256(v, m4);
-                            hi[c] = if $hi16 {
-                                _mm256_and_si256(v, m4h)
-                            } else {
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
-                            };
+                            hi[c] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
                         }
                         let sc = |j: usize| {
                             _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(32 + 8 * j).cast()))
                         };
                         let (sc_lo, sc_hi) = (sc(2 * pair), sc(2 * pair + 1));
-                        let sc_lo = if $hi16 {
-                            _mm256_slli_epi32::<4>(sc_lo)
-                        } else {
-                            sc_lo
-                        };
                         for (m, tot) in tot.iter_mut().enumerate() {
                             let a = (*acts.add(m * nb + b)).qs.as_ptr().add(64 * pair);
                             let (s_lo, s_hi) = $isum2_u4(&lo, &hi, a, a.add(32));
@@ -468,15 +456,11 @@ macro_rules! r8_family {
                     let dmw = ld_f16x8(p.add(16));
                     for m in 0..N {
                         let da = _mm256_set1_ps((*acts.add(m * nb + b)).d);
-                        // 16 · Σ fits i32 (see `interleave_x512`'s `q4k`) and is a
-                        // multiple of 16, so the arithmetic shift gives Σ back exactly.
-                        let t = if $hi16 {
-                            _mm256_srai_epi32::<4>(tot[m])
-                        } else {
-                            tot[m]
-                        };
-                        acc[m] =
-                            _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(t), acc[m]);
+                        acc[m] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(dw, da),
+                            _mm256_cvtepi32_ps(tot[m]),
+                            acc[m],
+                        );
                         acc[m] = _mm256_fnmadd_ps(
                             _mm256_mul_ps(dmw, da),
                             _mm256_cvtepi32_ps(msum[m]),
@@ -593,8 +577,7 @@ mod avx2 {
         isum2_u4_avx2,
         isum_u8_avx2,
         isum_u6_avx2,
-        scale_bsums_avx2,
-        false
+        scale_bsums_avx2
     );
 }
 
@@ -607,7 +590,6 @@ mod vnni {
         isum2_u4_vnni,
         isum_u8_vnni,
         isum_u6_vnni,
-        scale_bsums_vnni,
-        true
+        scale_bsums_vnni
     );
 }
