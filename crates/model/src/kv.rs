@@ -372,6 +372,35 @@ impl KvView for PagedKvView<'_> {
     /// one call. Blocks sit at scattered addresses where the hardware prefetcher cannot
     /// follow, so the runs of the next `AHEAD` blocks are prefetched while one converts
     /// (one block ahead was not enough to cover the memory latency).
+    /// The runs of an f16 cache with a power-of-two block size, one per block.
+    fn f16_runs<'s>(
+        &'s self,
+        n: usize,
+        h: usize,
+        keys: &mut Vec<&'s [u16]>,
+        values: &mut Vec<&'s [u16]>,
+    ) -> Option<u32> {
+        let (_, _, bs, hd) = self.dims;
+        let Buf::F16(b) = self.buf else {
+            return None;
+        };
+        if !bs.is_power_of_two() {
+            return None;
+        }
+        keys.clear();
+        values.clear();
+        for blk in 0..n.div_ceil(bs) {
+            let len = (n - blk * bs).min(bs) * hd;
+            let run = |part| {
+                let at = self.run(blk, part, h);
+                &b[at..at + len]
+            };
+            keys.push(run(0));
+            values.push(run(1));
+        }
+        Some(bs.trailing_zeros())
+    }
+
     fn load_rows(&self, n: usize, h: usize, k: &mut [f32], v: &mut [f32]) {
         const AHEAD: usize = 4;
         let (_, _, bs, hd) = self.dims;
@@ -515,6 +544,10 @@ mod tests {
                 for h in 0..heads {
                     let (mut k, mut v) = (vec![f32::NAN; n * hd], vec![f32::NAN; n * hd]);
                     view.load_rows(n, h, &mut k, &mut v);
+                    // f16 stores hand the kernels their runs to read in place.
+                    let (mut kruns, mut vruns) = (Vec::new(), Vec::new());
+                    let shift = view.f16_runs(n, h, &mut kruns, &mut vruns);
+                    assert_eq!(shift.is_some(), dtype == KvDtype::F16, "{dtype}");
                     for pos in 0..n {
                         let (mut kr, mut vr) = (vec![0f32; hd], vec![0f32; hd]);
                         view.load_key(pos, h, &mut kr);
@@ -522,6 +555,17 @@ mod tests {
                         let at = format!("{dtype} layer {layer} pos {pos} head {h}");
                         assert_eq!(&k[pos * hd..(pos + 1) * hd], &kr[..], "key, {at}");
                         assert_eq!(&v[pos * hd..(pos + 1) * hd], &vr[..], "value, {at}");
+                        if let Some(shift) = shift {
+                            assert_eq!(1 << shift, bs);
+                            let in_run = |runs: &[&[u16]]| -> Vec<f32> {
+                                let r = &runs[pos >> shift][pos % bs * hd..][..hd];
+                                r.iter()
+                                    .map(|&b| half::f16::from_bits(b).to_f32())
+                                    .collect()
+                            };
+                            assert_eq!(in_run(&kruns), kr, "key run, {at}");
+                            assert_eq!(in_run(&vruns), vr, "value run, {at}");
+                        }
                         for (got, s) in [(&kr, 1.0), (&vr, -0.5)] {
                             let want = &row(layer, pos, s)[h * hd..(h + 1) * hd];
                             let amax = want.iter().fold(0f32, |m, x| m.max(x.abs()));

@@ -40,6 +40,22 @@ pub trait KvView: Sync {
             self.load_value(j, kv_head, &mut v[j * hd..(j + 1) * hd]);
         }
     }
+    /// Where a store that holds f16 keeps the keys and values of positions `0..n` of
+    /// `kv_head`, for the kernels to read in place: fills `keys` and `values` with runs
+    /// of `1 << shift` consecutive rows (`head_dim` values each; the last run may be
+    /// shorter but holds every row below `n`), run `b` starting at position `b << shift`,
+    /// and returns `shift`. `None` (the default) where the store holds another type or
+    /// another layout; the kernels then use [`KvView::load_rows`].
+    fn f16_runs<'s>(
+        &'s self,
+        n: usize,
+        kv_head: usize,
+        keys: &mut Vec<&'s [u16]>,
+        values: &mut Vec<&'s [u16]>,
+    ) -> Option<u32> {
+        let _ = (n, kv_head, keys, values);
+        None
+    }
 }
 
 /// Keys and values stored contiguously in f16: (positions, n_kv_heads, head_dim) each.
@@ -60,6 +76,26 @@ impl KvView for ContiguousKv<'_> {
     fn load_value(&self, pos: usize, h: usize, dst: &mut [f32]) {
         let o = (pos * self.n_kv_heads + h) * self.head_dim;
         f16_to_f32(&self.v[o..o + self.head_dim], dst);
+    }
+    /// One row per run: rows of one head are `n_kv_heads * head_dim` apart.
+    fn f16_runs<'s>(
+        &'s self,
+        n: usize,
+        h: usize,
+        keys: &mut Vec<&'s [u16]>,
+        values: &mut Vec<&'s [u16]>,
+    ) -> Option<u32> {
+        use half::slice::HalfFloatSliceExt;
+        let hd = self.head_dim;
+        let row = |x: &'s [f16], j: usize| {
+            let o = (j * self.n_kv_heads + h) * hd;
+            x[o..o + hd].reinterpret_cast()
+        };
+        keys.clear();
+        values.clear();
+        keys.extend((0..n).map(|j| row(self.k, j)));
+        values.extend((0..n).map(|j| row(self.v, j)));
+        Some(0)
     }
 }
 
@@ -141,6 +177,11 @@ fn run_attention<V: KvView>(
             })
         })
         .collect();
+    // Decode tokens on AVX-512, head sizes in whole 32-lane chunks: the fused kernel.
+    let decode512 = cfg!(target_arch = "x86_64")
+        && numerics == Numerics::Fast
+        && head_dim.is_multiple_of(32)
+        && crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx512Vnni;
     let next = std::sync::atomic::AtomicUsize::new(0);
     let outp = SyncPtr(out.as_mut_ptr());
     pool.run(&|_, _| {
@@ -150,6 +191,7 @@ fn run_attention<V: KvView>(
         let mut lanes: Vec<Vec<f32>> = Vec::new();
         let mut probs: Vec<Vec<f32>> = Vec::new();
         let mut lanes1 = Vec::new();
+        let (mut kruns, mut vruns) = (Vec::new(), Vec::new());
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Some((si, kvh, toks)) = tasks.get(i) else {
@@ -157,12 +199,84 @@ fn run_attention<V: KvView>(
             };
             let s = &seqs[*si];
             let ctx = s.pos0 + toks.end;
-            kf.resize(ctx * head_dim, 0.0);
-            vf.resize(ctx * head_dim, 0.0);
-            s.kv.load_rows(ctx, *kvh, &mut kf, &mut vf);
+            // Decode tokens on AVX-512 read an f16 store in place (`decode512`);
+            // everything else converts the rows its queries can see to f32 first.
+            let decode_only = s.pos0 + toks.start >= s.decode_from;
+            let in_place = (decode512 && decode_only)
+                .then(|| s.kv.f16_runs(ctx, *kvh, &mut kruns, &mut vruns))
+                .flatten();
+            if in_place.is_none() {
+                kf.resize(ctx * head_dim, 0.0);
+                vf.resize(ctx * head_dim, 0.0);
+                s.kv.load_rows(ctx, *kvh, &mut kf, &mut vf);
+            }
             scores.resize(ctx, 0.0);
             for t in toks.clone() {
                 let pos = s.pos0 + t;
+                #[cfg(target_arch = "x86_64")]
+                if decode512 && pos >= s.decode_from {
+                    let n = pos + 1;
+                    let item0 = (s.token0 + t) * n_heads + kvh * group;
+                    let qs = &q[item0 * head_dim..(item0 + group) * head_dim];
+                    // SAFETY: each (token, head) slice of `out` belongs to exactly one
+                    // task, and a token's heads of one group are contiguous.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            outp.get().add(item0 * head_dim),
+                            group * head_dim,
+                        )
+                    };
+                    let (p, l) = (&mut probs, &mut lanes);
+                    if let Some(shift) = in_place {
+                        let mask = (1usize << shift) - 1;
+                        let at = |runs: &[&[u16]], j: usize| {
+                            runs[j >> shift][(j & mask) * head_dim..]
+                                .as_ptr()
+                                .cast::<u8>()
+                        };
+                        let krow = |j| at(&kruns, j);
+                        let vrow = |j| at(&vruns, j);
+                        // Runs sit at scattered addresses: keys are fetched 64 rows
+                        // ahead, values while the keys are scored.
+                        let ahead = |j0: usize| {
+                            let from = if j0 == 0 { 0 } else { j0 + 56 };
+                            for j in from..(j0 + 64).min(n) {
+                                super::prefetch_range(krow(j), 2 * head_dim);
+                            }
+                            for j in j0..(j0 + 8).min(n) {
+                                super::prefetch_range(vrow(j), 2 * head_dim);
+                            }
+                        };
+                        // SAFETY: AVX-512 checked (`decode512`); `f16_runs` gave runs
+                        // holding every row below `ctx >= n`.
+                        unsafe {
+                            x86::decode_token::<true>(
+                                qs, head_dim, n, krow, vrow, ahead, scale, p, l, o,
+                            )
+                        };
+                    } else {
+                        let (kp, vp) = (kf.as_ptr(), vf.as_ptr());
+                        // SAFETY: `kf`/`vf` hold the first `ctx >= n` rows of f32.
+                        let krow = |j| unsafe { kp.add(j * head_dim).cast::<u8>() };
+                        let vrow = |j| unsafe { vp.add(j * head_dim).cast::<u8>() };
+                        // SAFETY: AVX-512 checked (`decode512`); rows as above.
+                        unsafe {
+                            x86::decode_token::<false>(
+                                qs,
+                                head_dim,
+                                n,
+                                krow,
+                                vrow,
+                                |_| {},
+                                scale,
+                                p,
+                                l,
+                                o,
+                            )
+                        };
+                    }
+                    continue;
+                }
                 #[cfg(target_arch = "x86_64")]
                 if numerics == Numerics::Fast
                     && head_dim.is_multiple_of(8)
@@ -582,89 +696,5 @@ pub fn attention_ref(shape: AttnShape, q: &[f32], pos0: usize, kv: &impl KvView,
 }
 
 #[cfg(test)]
-mod twin_tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The AVX2 build of the attention kernel and its portable twin are bit-identical
-        /// (same operation order; fused multiply-adds round the same everywhere).
-        #[test]
-        fn avx2_and_portable_attention_are_bit_identical(seed in 0u64..1000, n in 1usize..70, hd in prop::sample::select(vec![8usize, 12, 64, 72, 128]), decode: bool) {
-            use rand::{Rng, SeedableRng};
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let q: Vec<f32> = (0..hd).map(|_| f16::from_f32(rng.gen_range(-2.0..2.0)).to_f32()).collect();
-            let k: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let v: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            let (mut s1, mut s2) = (vec![0f32; n], vec![0f32; n]);
-            let (mut o1, mut o2) = (vec![0f32; hd], vec![0f32; hd]);
-            attend_one_portable(&q, &k, &v, 0.125, &mut s1, &mut Vec::new(), &mut o1, decode);
-            #[cfg(target_arch = "x86_64")]
-            if crate::cpu::simd_level() >= crate::cpu::SimdLevel::Avx2 {
-                // SAFETY: features checked.
-                unsafe { attend_one_avx2(&q, &k, &v, 0.125, &mut s2, &mut Vec::new(), &mut o2, decode) };
-                prop_assert_eq!(&o1, &o2);
-                prop_assert_eq!(&s1, &s2);
-            }
-            let sum: f32 = s1.iter().sum();
-            prop_assert!((sum - 1.0).abs() < 1e-2, "probabilities sum to {}", sum);
-        }
-    }
-
-    proptest! {
-        /// The batched call (a prompt's scores for up to three heads per key load, then
-        /// the values weighted up to three heads at a time) gives every (token, head)
-        /// exactly what `attend_one` gives it alone, for prompt and decode positions and
-        /// every way a group splits into threes, twos and ones.
-        #[test]
-        fn grouped_heads_match_one_head_at_a_time(seed in 0u64..1000, pos0 in 0usize..40, n_tokens in 1usize..40, hd in prop::sample::select(vec![8usize, 24, 64, 72]), decode_from in 0usize..80, heads in prop::sample::select(vec![(6usize, 2usize), (4, 2), (8, 2), (5, 1), (3, 3)])) {
-            use rand::{Rng, SeedableRng};
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            // Groups of 3, 2, 4 (3 + 1), 5 (3 + 2) and 1 query heads per key/value head.
-            let (n_heads, n_kv_heads) = heads;
-            let ctx = pos0 + n_tokens;
-            let kv16 = |rng: &mut rand::rngs::StdRng| -> Vec<f16> {
-                (0..ctx * n_kv_heads * hd).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect()
-            };
-            let (k, v) = (kv16(&mut rng), kv16(&mut rng));
-            let q: Vec<f32> = (0..n_tokens * n_heads * hd).map(|_| rng.gen_range(-2.0..2.0)).collect();
-            let shape = AttnShape { n_heads, n_kv_heads, head_dim: hd };
-            let kv = ContiguousKv { k: &k, v: &v, n_kv_heads, head_dim: hd };
-            let seqs = [AttnSeq { token0: 0, pos0, n_tokens, decode_from, kv }];
-            let mut got = vec![0f32; q.len()];
-            attention(&ThreadPool::new(2), shape, &q, &seqs, &mut got);
-            let kv = &seqs[0].kv;
-            let (mut kf, mut vf) = (vec![0f32; ctx * hd], vec![0f32; ctx * hd]);
-            for t in 0..n_tokens {
-                let pos = pos0 + t;
-                for h in 0..n_heads {
-                    let kvh = h / (n_heads / n_kv_heads);
-                    for j in 0..=pos {
-                        kv.load_key(j, kvh, &mut kf[j * hd..(j + 1) * hd]);
-                        kv.load_value(j, kvh, &mut vf[j * hd..(j + 1) * hd]);
-                    }
-                    let item = t * n_heads + h;
-                    let mut want = vec![0f32; hd];
-                    let n = pos + 1;
-                    attend_one(&q[item * hd..(item + 1) * hd], &kf[..n * hd], &vf[..n * hd], 1.0 / (hd as f32).sqrt(), &mut vec![0f32; n], &mut Vec::new(), &mut want, pos >= decode_from);
-                    prop_assert_eq!(&got[item * hd..(item + 1) * hd], &want[..], "token {} head {}", t, h);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn ggml_exp_matches_std_exp_closely_and_handles_extremes() {
-        for &x in &[
-            -200.0f32, -100.0, -87.0, -10.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 10.0, 80.0,
-        ] {
-            let e = crate::ops::scalar::expf_ggml(x);
-            let want = x.exp();
-            assert!(
-                (e - want).abs() <= 2e-6 * want + 1e-38,
-                "exp({x}) = {e}, want {want}"
-            );
-        }
-        assert_eq!(crate::ops::scalar::expf_ggml(f32::NEG_INFINITY), 0.0);
-    }
-}
+#[path = "attention_tests.rs"]
+mod twin_tests;

@@ -124,6 +124,266 @@ pub(super) unsafe fn scores_heads<const G: usize>(
     }
 }
 
+/// One decode token's attention for the query heads of one key/value head: `qs` holds
+/// their queries (`group` rows of `hd`), `out` their outputs; keys and values of
+/// positions `0..n` are read at `krow(j)` and `vrow(j)` (f16 when `F16`, else f32).
+/// Scores three heads per key read, the softmax, then the values weighted three heads per
+/// value read: for every head exactly the operations of [`scores`]`::<4>`,
+/// `softmax_ggml` and [`weighted_sum`]`::<32>`. `ahead(j0)` is called before key rows
+/// `j0..j0 + 8` are read.
+///
+/// # Safety
+/// AVX2/FMA/F16C/AVX-512 F+VL; `hd` a multiple of 32; `qs.len() == out.len()`, a
+/// multiple of `hd`; `krow(j)` and `vrow(j)` point at `hd` readable values for `j < n`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn decode_token<const F16: bool>(
+    qs: &[f32],
+    hd: usize,
+    n: usize,
+    krow: impl Fn(usize) -> *const u8 + Copy,
+    vrow: impl Fn(usize) -> *const u8 + Copy,
+    ahead: impl Fn(usize) + Copy,
+    scale: f32,
+    probs: &mut Vec<Vec<f32>>,
+    lanes: &mut Vec<Vec<f32>>,
+    out: &mut [f32],
+) {
+    assert!(hd > 0 && qs.len() == out.len() && qs.len().is_multiple_of(hd));
+    let group = qs.len() / hd;
+    probs.resize_with(group, Vec::new);
+    lanes.resize_with(group, Vec::new);
+    for p in probs.iter_mut() {
+        p.resize(n, 0.0);
+    }
+    // SAFETY: the caller's contract; every sub-group's queries, probabilities and
+    // outputs are in bounds.
+    unsafe {
+        let mut g = 0;
+        while g < group {
+            // Prefetching once per row is enough: the first sub-group asks for it.
+            let first = g == 0;
+            let ahead = |j0| {
+                if first {
+                    ahead(j0)
+                }
+            };
+            let (qg, pg) = (&qs[g * hd..], &mut probs[g..]);
+            match group - g {
+                1 => scores_heads_decode::<1, F16>(&qg[..hd], krow, ahead, scale, n, pg),
+                2 => scores_heads_decode::<2, F16>(&qg[..2 * hd], krow, ahead, scale, n, pg),
+                _ => scores_heads_decode::<3, F16>(&qg[..3 * hd], krow, ahead, scale, n, pg),
+            }
+            g += (group - g).min(3);
+        }
+        for p in probs.iter_mut() {
+            crate::ops::avx2::softmax_ggml(&mut p[..n]);
+        }
+        let mut outs = out.chunks_exact_mut(hd);
+        let mut g = 0;
+        while g < group {
+            let (pg, ag) = (&probs[g..], &mut lanes[g..]);
+            let mut o = || outs.next().expect("one output per head");
+            match group - g {
+                1 => weighted_sum_heads_decode::<1, F16>(pg, n, vrow, ag, [o()]),
+                2 => weighted_sum_heads_decode::<2, F16>(pg, n, vrow, ag, [o(), o()]),
+                _ => weighted_sum_heads_decode::<3, F16>(pg, n, vrow, ag, [o(), o(), o()]),
+            }
+            g += (group - g).min(3);
+        }
+    }
+}
+
+/// Sixteen values of a key or value row at `p` (f16 when `F16`, else f32) as f32.
+///
+/// # Safety
+/// AVX-512 F; 16 values of the type readable at `p`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[inline]
+unsafe fn ld16<const F16: bool>(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        } else {
+            _mm512_loadu_ps(p.cast())
+        }
+    }
+}
+
+/// [`scores`]`::<4>` (a decode's 32 lanes) of `G` queries against the same `n` keys,
+/// into `outs[g][..n]`, for head sizes that are a multiple of 32. Key row `j` is read
+/// at `row(j)`, as f16 (`F16`, converted in registers, so a paged cache is read in
+/// place) or f32. Every key row loaded feeds the `G` queries, the lanes live in 512-bit
+/// registers (lanes 0–15 and 16–31 of each 32-element chunk), and eight rows'
+/// `reduce32`s are done side by side. Each score gets exactly the fused multiply-adds
+/// and additions of `scores::<4>`, in its order. `ahead(j0)` is called before the rows
+/// `j0..j0 + 8` are read (for prefetching).
+///
+/// # Safety
+/// AVX2/FMA/F16C/AVX-512 F+VL; `hd` a multiple of 32; `qs.len() == G * hd`; `outs` has
+/// at least `G` rows of at least `n` values; `row(j)` points at `hd` readable values for
+/// every `j < n`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[allow(clippy::needless_range_loop)] // indices name the register tile's (head, row)
+pub(super) unsafe fn scores_heads_decode<const G: usize, const F16: bool>(
+    qs: &[f32],
+    row: impl Fn(usize) -> *const u8,
+    ahead: impl Fn(usize),
+    scale: f32,
+    n: usize,
+    outs: &mut [Vec<f32>],
+) {
+    let hd = qs.len() / G;
+    let esize = if F16 { 2 } else { 4 };
+    assert!(hd.is_multiple_of(32) && qs.len() == G * hd && outs.len() >= G);
+    assert!(outs[..G].iter().all(|o| o.len() >= n));
+    let q = qs.as_ptr();
+    for j0 in (0..n).step_by(8) {
+        ahead(j0);
+        let rows = (n - j0).min(8);
+        // Rows past `n` stay zero; their lanes are reduced but never stored.
+        let mut s = [[_mm256_setzero_ps(); 8]; G];
+        for r in 0..rows {
+            // SAFETY: row j0 + r < n (contract) and every query's chunks are in bounds.
+            unsafe {
+                let kr = row(j0 + r);
+                // a0 = lanes 0..16 (`scores`' acc[0], acc[1]), a1 = lanes 16..32.
+                let mut a0 = [_mm512_setzero_ps(); G];
+                let mut a1 = [_mm512_setzero_ps(); G];
+                for c in (0..hd).step_by(32) {
+                    let k0 = ld16::<F16>(kr.add(c * esize));
+                    let k1 = ld16::<F16>(kr.add((c + 16) * esize));
+                    for g in 0..G {
+                        let qg = q.add(g * hd + c);
+                        a0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qg), k0, a0[g]);
+                        a1[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qg.add(16)), k1, a1[g]);
+                    }
+                }
+                for g in 0..G {
+                    // (acc0 + acc2) + (acc1 + acc3), as `reduce::<4>` begins.
+                    let z = _mm512_add_ps(a0[g], a1[g]);
+                    s[g][r] = _mm256_add_ps(
+                        _mm512_castps512_ps256(z),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(z))),
+                    );
+                }
+            }
+        }
+        for (x, o) in s.iter().zip(outs.iter_mut()) {
+            let mut eight = [0f32; 8];
+            // SAFETY: `eight` holds eight f32.
+            unsafe { _mm256_storeu_ps(eight.as_mut_ptr(), reduce_rows8_r4(x, scale)) };
+            o[j0..j0 + rows].copy_from_slice(&eight[..rows]);
+        }
+    }
+}
+
+/// `out_h[d] = Σ_j p_h[j] v_j[d]` for `H` probability rows with a decode's 32 lanes,
+/// value row `j` read at `row(j)` (f16 when `F16`, else f32): [`weighted_sum_heads`]`::<32,
+/// H>`'s fused multiply-adds and reductions, in its order, with each lane's partial sums
+/// for 64 dimensions (or the last 32) of all `H` heads in 512-bit registers, so every
+/// value row is read once.
+///
+/// # Safety
+/// AVX2/FMA/F16C/AVX-512 F+VL; the outputs' length `hd` a multiple of 32; `ps` and `accs`
+/// have at least `H` rows, the rows of `ps` at least `n` values; `row(j)` points at
+/// `hd` readable values for every `j < n`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+pub(super) unsafe fn weighted_sum_heads_decode<const H: usize, const F16: bool>(
+    ps: &[Vec<f32>],
+    n: usize,
+    row: impl Fn(usize) -> *const u8,
+    accs: &mut [Vec<f32>],
+    outs: [&mut [f32]; H],
+) {
+    const L: usize = 32;
+    let hd = outs[0].len();
+    assert!(hd.is_multiple_of(32) && ps.len() >= H && accs.len() >= H);
+    assert!(ps[..H].iter().all(|p| p.len() >= n) && outs.iter().all(|o| o.len() == hd));
+    let p: [&[f32]; H] = std::array::from_fn(|h| &ps[h][..n]);
+    for acc in &mut accs[..H] {
+        acc.resize(L * hd, 0.0);
+    }
+    let mut d0 = 0;
+    // SAFETY: columns d0.. of the rows and of every accumulator are in bounds.
+    unsafe {
+        while d0 + 64 <= hd {
+            lane_sums_heads_decode::<4, H, F16>(&p, &row, d0, hd, accs);
+            d0 += 64;
+        }
+        if d0 < hd {
+            lane_sums_heads_decode::<2, H, F16>(&p, &row, d0, hd, accs);
+        }
+        for (acc, o) in accs.iter().zip(outs) {
+            reduce_lanes::<L>(acc, o);
+        }
+    }
+}
+
+/// The lane sums of [`weighted_sum_heads_decode`] for columns `d0..d0 + 16M`.
+///
+/// # Safety
+/// As for [`weighted_sum_heads_decode`], with `d0 + 16M <= hd`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // indices name the register tile's (head, chunk)
+unsafe fn lane_sums_heads_decode<const M: usize, const H: usize, const F16: bool>(
+    p: &[&[f32]; H],
+    row: &impl Fn(usize) -> *const u8,
+    d0: usize,
+    hd: usize,
+    accs: &mut [Vec<f32>],
+) {
+    const L: usize = 32;
+    let esize = if F16 { 2 } else { 4 };
+    let n = p[0].len();
+    // Lanes without positions get zeros.
+    for l in 0..L {
+        let mut a = [[_mm512_setzero_ps(); M]; H];
+        for j in (l..n).step_by(L) {
+            // SAFETY: row j < n, columns d0..d0 + 16M, by the contract.
+            unsafe {
+                let w: [__m512; H] =
+                    std::array::from_fn(|h| _mm512_set1_ps(*p[h].get_unchecked(j)));
+                let vj = row(j).add(d0 * esize);
+                for m in 0..M {
+                    let x = ld16::<F16>(vj.add(16 * m * esize));
+                    for h in 0..H {
+                        a[h][m] = _mm512_fmadd_ps(x, w[h], a[h][m]);
+                    }
+                }
+            }
+        }
+        for (acc, a) in accs.iter_mut().zip(&a) {
+            for (m, a) in a.iter().enumerate() {
+                // SAFETY: row l of each accumulator has hd columns.
+                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(l * hd + d0 + 16 * m), *a) };
+            }
+        }
+    }
+}
+
+/// The end of `reduce::<4>` (from its eight-lane sum `s`) for each of eight rows,
+/// times `scale`, as one register of eight results: `t[l] = s[l] + s[l + 4]`, then
+/// `(t0 + t1) + (t2 + t3)`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn reduce_rows8_r4(x: &[__m256; 8], scale: f32) -> __m256 {
+    // t = low half + high half of each row, two rows per register: [tA | tB].
+    let t = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    let (tab, tcd, tef, tgh) = (t(x[0], x[1]), t(x[2], x[3]), t(x[4], x[5]), t(x[6], x[7]));
+    // Adjacent pairs twice: [A C E G | B D F H].
+    let r = _mm256_hadd_ps(_mm256_hadd_ps(tab, tcd), _mm256_hadd_ps(tef, tgh));
+    let r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_mul_ps(r, _mm256_set1_ps(scale))
+}
+
 /// `reduce8` of each of eight rows' lanes, times `scale`, as one register of eight
 /// results.
 #[target_feature(enable = "avx2,fma")]
