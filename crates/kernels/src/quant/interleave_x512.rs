@@ -74,20 +74,34 @@ unsafe fn bcast4(a: *const i8, k: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(a.add(4 * k).cast::<i32>().read_unaligned()) }
 }
 
-/// `Σ w·a` per row over one 32-column block: two chains of four steps, so that the
-/// `vpdpbusd` latency does not bound a block.
+/// `init + Σ w·a` per row over one 32-column block (`init` zero where `None`). One
+/// activation row (`N == 1`) runs two chains of four steps, so that the `vpdpbusd`
+/// latency does not bound a block, and adds `init` last; with more rows their chains
+/// interleave, and one chain per row starting from `init` saves the additions.
+/// (Integer sums: the same result either way.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn isum8(w: &[__m512i; 8], a: *const i8) -> __m512i {
+unsafe fn isum8<const N: usize>(w: &[__m512i; 8], a: *const i8, init: Option<__m512i>) -> __m512i {
     // SAFETY: `a` points at a block's 32 quants (the caller's contract).
     unsafe {
+        if N > 1 {
+            let mut s = init.unwrap_or(_mm512_setzero_si512());
+            for (k, w) in w.iter().enumerate() {
+                s = _mm512_dpbusd_epi32(s, *w, bcast4(a, k));
+            }
+            return s;
+        }
         let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(a, 0));
         let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(a, 1));
         for k in (2..8).step_by(2) {
             s0 = _mm512_dpbusd_epi32(s0, w[k], bcast4(a, k));
             s1 = _mm512_dpbusd_epi32(s1, w[k + 1], bcast4(a, k + 1));
         }
-        _mm512_add_epi32(s0, s1)
+        let s = _mm512_add_epi32(s0, s1);
+        match init {
+            Some(i) => _mm512_add_epi32(s, i),
+            None => s,
+        }
     }
 }
 
@@ -166,11 +180,9 @@ unsafe fn q4<const N: usize, const MIN: bool>(
             }
             for (m, acc) in acc.iter_mut().enumerate() {
                 let a = &*acts.add(m * nb + b);
-                let mut isum = isum8(&w, a.qs.as_ptr());
-                if !MIN {
-                    let o = _mm512_set1_epi32(8 * *isums.add(m * nb + b));
-                    isum = _mm512_sub_epi32(isum, o);
-                }
+                // Q4_0's offset of 8 starts the sum: Σ (q − 8)·a = Σ q·a − 8 Σ a.
+                let init = (!MIN).then(|| _mm512_set1_epi32(-8 * *isums.add(m * nb + b)));
+                let isum = isum8::<N>(&w, a.qs.as_ptr(), init);
                 *acc = _mm512_fmadd_ps(
                     _mm512_mul_ps(dw, _mm512_set1_ps(a.d)),
                     _mm512_cvtepi32_ps(isum),
@@ -207,8 +219,8 @@ unsafe fn q8<const N: usize, const _MIN: bool>(
             for (m, acc) in acc.iter_mut().enumerate() {
                 let a = &*acts.add(m * nb + b);
                 let a_sum = *isums.add(m * nb + b);
-                let isum =
-                    _mm512_sub_epi32(isum8(&w, a.qs.as_ptr()), _mm512_set1_epi32(128 * a_sum));
+                let init = Some(_mm512_set1_epi32(-128 * a_sum));
+                let isum = isum8::<N>(&w, a.qs.as_ptr(), init);
                 *acc = _mm512_fmadd_ps(
                     _mm512_mul_ps(dw, _mm512_set1_ps(a.d)),
                     _mm512_cvtepi32_ps(isum),
@@ -292,7 +304,7 @@ unsafe fn q4k<const N: usize>(
                     };
                     for (m, tot) in tot.iter_mut().enumerate() {
                         let a = &*acts.add(m * nb + b);
-                        let isum = isum8(&w, a.qs.as_ptr().add(32 * j));
+                        let isum = isum8::<N>(&w, a.qs.as_ptr().add(32 * j), None);
                         *tot = _mm512_add_epi32(*tot, _mm512_mullo_epi32(isum, sc));
                     }
                 }
