@@ -238,14 +238,20 @@ fn run_attention<V: KvView>(
                         let vrow = |j| at(&vruns, j);
                         // Runs sit at scattered addresses: keys are fetched 64 rows
                         // ahead, values while the keys are scored.
+                        // Eight rows from a multiple of eight share a run when runs
+                        // hold eight rows or more: one range each.
+                        let step = if shift >= 3 { 8 } else { 1 };
+                        let fetch =
+                            |row: &dyn Fn(usize) -> *const u8, rows: std::ops::Range<usize>| {
+                                for j in rows.clone().step_by(step) {
+                                    let len = step.min(rows.end - j);
+                                    super::prefetch_range(row(j), len * 2 * head_dim);
+                                }
+                            };
                         let ahead = |j0: usize| {
                             let from = if j0 == 0 { 0 } else { j0 + 56 };
-                            for j in from..(j0 + 64).min(n) {
-                                super::prefetch_range(krow(j), 2 * head_dim);
-                            }
-                            for j in j0..(j0 + 8).min(n) {
-                                super::prefetch_range(vrow(j), 2 * head_dim);
-                            }
+                            fetch(&krow, from.min(n)..(j0 + 64).min(n));
+                            fetch(&vrow, j0..(j0 + 8).min(n));
                         };
                         // SAFETY: AVX-512 checked (`decode512`); `f16_runs` gave runs
                         // holding every row below `ctx >= n`.
