@@ -237,9 +237,9 @@ fn run_attention<V: KvView>(
                         let krow = |j| at(&kruns, j);
                         let vrow = |j| at(&vruns, j);
                         // Runs sit at scattered addresses: keys are fetched 64 rows
-                        // ahead, values while the keys are scored.
-                        // Eight rows from a multiple of eight share a run when runs
-                        // hold eight rows or more: one range each.
+                        // ahead, values while the keys are scored, eight rows (from a
+                        // multiple of eight, so within one run) per range where runs
+                        // hold eight rows or more.
                         let step = if shift >= 3 { 8 } else { 1 };
                         let fetch =
                             |row: &dyn Fn(usize) -> *const u8, rows: std::ops::Range<usize>| {
