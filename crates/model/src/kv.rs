@@ -368,10 +368,6 @@ impl KvView for PagedKvView<'_> {
     fn load_value(&self, pos: usize, h: usize, dst: &mut [f32]) {
         self.buf.load(self.offset(pos, 1, h), dst);
     }
-    /// Block by block: a head's rows of a block are one contiguous run, converted in
-    /// one call. Blocks sit at scattered addresses where the hardware prefetcher cannot
-    /// follow, so the runs of the next `AHEAD` blocks are prefetched while one converts
-    /// (one block ahead was not enough to cover the memory latency).
     /// The runs of an f16 cache with a power-of-two block size, one per block.
     fn f16_runs<'s>(
         &'s self,
@@ -401,6 +397,10 @@ impl KvView for PagedKvView<'_> {
         Some(bs.trailing_zeros())
     }
 
+    /// Block by block: a head's rows of a block are one contiguous run, converted in
+    /// one call. Blocks sit at scattered addresses where the hardware prefetcher cannot
+    /// follow, so the runs of the next `AHEAD` blocks are prefetched while one converts
+    /// (one block ahead was not enough to cover the memory latency).
     fn load_rows(&self, n: usize, h: usize, k: &mut [f32], v: &mut [f32]) {
         const AHEAD: usize = 4;
         let (_, _, bs, hd) = self.dims;
